@@ -1,0 +1,30 @@
+# Two commands do all set-up on a fresh machine: `make demo` and `make test`.
+VENV := .venv
+PY := $(VENV)/bin/python
+export PYO3_PYTHON := $(abspath $(PY))
+export VIRTUAL_ENV := $(abspath $(VENV))
+
+.PHONY: demo test build bench clean
+
+$(VENV)/.installed: requirements.txt
+	python3 -m venv $(VENV)
+	$(VENV)/bin/pip install -q --upgrade pip
+	$(VENV)/bin/pip install -q -r requirements.txt
+	touch $@
+
+# The extension (Rust core + C++ adapter) installed into the virtualenv.
+build: $(VENV)/.installed
+	$(VENV)/bin/maturin develop --release -q
+
+demo: build
+	$(PY) examples/train_mlp.py
+
+test: build
+	cargo test -q -p pjrt
+	$(PY) -m pytest -q tests
+
+bench: build
+	$(PY) bench/dispatch.py
+
+clean:
+	rm -rf target $(VENV)

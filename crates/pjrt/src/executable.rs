@@ -1,0 +1,191 @@
+//! Compiled programs, ready to run on the client's devices.
+
+use std::ptr::{self, NonNull};
+use std::sync::Arc;
+
+use crate::api::call;
+use crate::buffer::Buffer;
+use crate::client::{no_result, ClientInner};
+use crate::device::Device;
+use crate::error::{Error, Result};
+use crate::ffi::{self, Args};
+use crate::sys;
+
+/// An owned `PJRT_LoadedExecutable`, destroyed on drop.
+pub struct LoadedExecutable {
+    client: Arc<ClientInner>,
+    raw: NonNull<sys::PJRT_LoadedExecutable>,
+    /// Its `PJRT_Executable` view (needed for outputs, serialization, fingerprint);
+    /// a separate object that must be destroyed too.
+    executable: *mut sys::PJRT_Executable,
+    num_outputs: usize,
+    /// The devices it was compiled for (empty for a portable executable).
+    devices: Vec<*mut sys::PJRT_Device>,
+}
+
+// SAFETY: PJRT executables are thread-safe; their client is kept alive by `client`.
+unsafe impl Send for LoadedExecutable {}
+unsafe impl Sync for LoadedExecutable {}
+
+impl LoadedExecutable {
+    /// Takes ownership of an executable returned by the plugin.
+    pub(crate) fn from_raw(
+        client: Arc<ClientInner>,
+        raw: *mut sys::PJRT_LoadedExecutable,
+    ) -> Result<LoadedExecutable> {
+        let raw = NonNull::new(raw).ok_or_else(|| no_result(client.api, "executable"))?;
+        // Owned from here on, so that an error below still destroys it.
+        let mut exe = LoadedExecutable {
+            client,
+            raw,
+            executable: ptr::null_mut(),
+            num_outputs: 0,
+            devices: Vec::new(),
+        };
+        let api = exe.client.api;
+        let mut get = sys::PJRT_LoadedExecutable_GetExecutable_Args::zeroed();
+        get.loaded_executable = raw.as_ptr();
+        let mut outputs = sys::PJRT_Executable_NumOutputs_Args::zeroed();
+        let mut devices = sys::PJRT_LoadedExecutable_AddressableDevices_Args::zeroed();
+        devices.executable = raw.as_ptr();
+        // SAFETY: the executable is live; the device array is owned by it.
+        unsafe {
+            call!(api, PJRT_LoadedExecutable_GetExecutable, &mut get)?;
+            exe.executable = get.executable;
+            outputs.executable = get.executable;
+            call!(api, PJRT_Executable_NumOutputs, &mut outputs)?;
+            call!(api, PJRT_LoadedExecutable_AddressableDevices, &mut devices)?;
+            exe.devices =
+                ffi::slice(devices.addressable_devices, devices.num_addressable_devices).to_vec();
+        }
+        exe.num_outputs = outputs.num_outputs;
+        Ok(exe)
+    }
+
+    pub fn num_outputs(&self) -> usize {
+        self.num_outputs
+    }
+
+    /// Runs the program on `device` and returns its outputs without waiting for them
+    /// (each output's ready event tells when it is computed).
+    ///
+    /// Arguments that the program marks as donors (`jax.buffer_donor` or
+    /// `tf.aliasing_output`) are consumed, so they read as deleted afterwards, unless
+    /// their index is in `non_donatable`. Passing the same buffer twice to donated
+    /// parameters is an error: mark the duplicates non-donatable.
+    pub fn execute(
+        &self,
+        args: &[&Buffer],
+        device: Device<'_>,
+        non_donatable: &[i64],
+    ) -> Result<Vec<Buffer>> {
+        if let Some(i) = args
+            .iter()
+            .position(|b| !Arc::ptr_eq(b.client(), &self.client))
+        {
+            return Err(Error::invalid_argument(format!(
+                "argument {i} belongs to another client"
+            )));
+        }
+        let execute_device = self.launch_device(device)?;
+        let inputs: Vec<_> = args.iter().map(|b| b.raw()).collect();
+        let mut outputs = vec![ptr::null_mut::<sys::PJRT_Buffer>(); self.num_outputs];
+        let input_list = inputs.as_ptr();
+        let output_list = outputs.as_mut_ptr();
+
+        let mut options = sys::PJRT_ExecuteOptions::zeroed();
+        options.non_donatable_input_indices = non_donatable.as_ptr();
+        options.num_non_donatable_input_indices = non_donatable.len();
+        let mut exec = sys::PJRT_LoadedExecutable_Execute_Args::zeroed();
+        exec.executable = self.raw.as_ptr();
+        exec.options = &mut options;
+        exec.argument_lists = &input_list;
+        exec.num_devices = 1;
+        exec.num_args = inputs.len();
+        exec.output_lists = &output_list;
+        exec.execute_device = execute_device;
+        // SAFETY: all pointers refer to locals that outlive the call; the output list
+        // has room for `num_outputs` buffers.
+        unsafe { call!(self.client.api, PJRT_LoadedExecutable_Execute, &mut exec) }?;
+        outputs
+            .into_iter()
+            .map(|raw| Buffer::from_raw(self.client.clone(), raw))
+            .collect()
+    }
+
+    /// The `execute_device` to pass: none for the device the program was compiled for
+    /// (the plain, fastest path); `device` itself for a portable executable (one
+    /// compiled for no device in particular, which has no addressable devices).
+    fn launch_device(&self, device: Device<'_>) -> Result<*mut sys::PJRT_Device> {
+        match self.devices.as_slice() {
+            [only] if *only == device.raw() => Ok(ptr::null_mut()),
+            [] => {
+                self.client.check_device(device)?;
+                Ok(device.raw())
+            }
+            _ => Err(Error::invalid_argument(format!(
+                "the executable was compiled for another device than {device:?}"
+            ))),
+        }
+    }
+
+    /// The compiled program in the plugin's serialization format, for
+    /// [`Client::deserialize`](crate::Client::deserialize) with the same plugin build.
+    pub fn serialize(&self) -> Result<Vec<u8>> {
+        let mut args = sys::PJRT_Executable_Serialize_Args::zeroed();
+        args.executable = self.executable;
+        // SAFETY: the executable is live; the bytes live until the deleter is called.
+        unsafe {
+            call!(self.client.api, PJRT_Executable_Serialize, &mut args)?;
+            let bytes = ffi::slice(
+                args.serialized_bytes.cast::<u8>(),
+                args.serialized_bytes_size,
+            )
+            .to_vec();
+            if let Some(delete) = args.serialized_executable_deleter {
+                delete(args.serialized_executable);
+            }
+            Ok(bytes)
+        }
+    }
+
+    /// A fingerprint of the compiled program, as computed by the plugin.
+    pub fn fingerprint(&self) -> Result<Vec<u8>> {
+        let mut args = sys::PJRT_Executable_Fingerprint_Args::zeroed();
+        args.executable = self.executable;
+        // SAFETY: the executable is live and owns the returned bytes.
+        unsafe {
+            call!(self.client.api, PJRT_Executable_Fingerprint, &mut args)?;
+            Ok(ffi::slice(
+                args.executable_fingerprint.cast::<u8>(),
+                args.executable_fingerprint_size,
+            )
+            .to_vec())
+        }
+    }
+}
+
+impl Drop for LoadedExecutable {
+    fn drop(&mut self) {
+        let api = self.client.api;
+        // SAFETY: we own both objects; failures to destroy have nowhere to go.
+        unsafe {
+            if !self.executable.is_null() {
+                let mut args = sys::PJRT_Executable_Destroy_Args::zeroed();
+                args.executable = self.executable;
+                let _ = call!(api, PJRT_Executable_Destroy, &mut args);
+            }
+            let mut args = sys::PJRT_LoadedExecutable_Destroy_Args::zeroed();
+            args.executable = self.raw.as_ptr();
+            let _ = call!(api, PJRT_LoadedExecutable_Destroy, &mut args);
+        }
+    }
+}
+
+impl std::fmt::Debug for LoadedExecutable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LoadedExecutable")
+            .field("num_outputs", &self.num_outputs)
+            .finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,412 @@
+// Operator registration for PrivateUse1: metadata-only kernels go straight to
+// PyTorch's device-generic implementations (as OpenReg does), copies and
+// scalars to the core, and every other operator through one boxed fallback
+// that marshals its arguments and hands it to Rust.
+#include "adapter.h"
+
+#include <ATen/ATen.h>
+#include <ATen/EmptyTensor.h>
+#include <ATen/native/CPUFallback.h>
+#include <ATen/native/Resize.h>
+#include <ATen/ops/_reshape_alias_native.h>
+#include <ATen/ops/as_strided_cpu_dispatch.h>
+#include <ATen/ops/set_native.h>
+#include <ATen/ops/view_native.h>
+#include <torch/library.h>
+
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <unordered_map>
+
+namespace torchtpu {
+namespace {
+
+constexpr auto kTpu = c10::DeviceType::PrivateUse1;
+
+TtTensor describe(const at::Tensor& t) {
+  TtTensor d{};
+  d.defined = t.defined();
+  if (!t.defined()) return d;
+  d.sizes = t.sizes().data();
+  d.strides = t.strides().data();
+  d.ndim = static_cast<int32_t>(t.dim());
+  d.dtype = static_cast<int32_t>(t.scalar_type());
+  d.offset = t.storage_offset();
+  d.wrapped_number = t.unsafeGetTensorImpl()->is_wrapped_number();
+  if (t.device().type() == kTpu) {
+    d.device = t.device().index();
+    d.storage = t.has_storage() ? t.storage().data_ptr().get_context() : nullptr;
+  } else {
+    TORCH_CHECK(t.is_cpu(), "Expected all tensors to be on the same device, but found at least "
+                "two devices, tpu and ", t.device(), "!");
+    d.device = -1;
+    d.host = t.numel() ? t.const_data_ptr() : nullptr;
+  }
+  return d;
+}
+
+void copy_on_device(const at::Tensor& src, const at::Tensor& dst) {
+  auto s = describe(src), d = describe(dst);
+  check(tt_copy(&s, &d));
+}
+
+// ---------------------------------------------------------------- the fallback
+
+// What the adapter remembers of an operator, computed once.
+struct OpEntry {
+  int32_t op = -1;               // core op id, -1: CPU fallback
+  std::vector<int> outs;         // argument indices of out= tensors
+  std::vector<bool> generator;   // arguments of type Generator?
+  bool inplace = false;          // self is written (add_, fill_, ...)
+};
+
+const OpEntry& op_entry(const c10::OperatorHandle& op) {
+  static std::mutex mutex;
+  static std::unordered_map<const void*, std::unique_ptr<OpEntry>> table;
+  const c10::FunctionSchema& schema = op.schema();
+  std::lock_guard<std::mutex> lock(mutex);
+  auto& slot = table[&schema];
+  if (slot) return *slot;
+  slot = std::make_unique<OpEntry>();
+  std::vector<std::string> types;
+  std::vector<TtSchemaArg> args;
+  for (const auto& a : schema.arguments()) types.push_back(a.type()->str());
+  for (size_t i = 0; i < schema.arguments().size(); ++i) {
+    const auto& a = schema.arguments()[i];
+    bool is_out = a.is_out();
+    if (is_out) slot->outs.push_back(static_cast<int>(i));
+    slot->generator.push_back(types[i] == "Generator?");
+    args.push_back({a.name().c_str(), types[i].c_str(), is_out});
+  }
+  slot->inplace = slot->outs.empty() && !schema.arguments().empty() &&
+                  schema.arguments()[0].alias_info() && schema.arguments()[0].alias_info()->isWrite();
+  check(tt_op_register(schema.name().c_str(), schema.overload_name().c_str(), args.data(),
+                       static_cast<int64_t>(args.size()), &slot->op));
+  return *slot;
+}
+
+// Owns the marshalled form of one call's arguments.
+struct Marshal {
+  std::vector<TtArg> args;
+  std::vector<TtTensor> tensors;
+  std::deque<std::vector<int64_t>> ints;
+  std::deque<std::vector<double>> floats;
+
+  void add(const c10::IValue& v, bool generator, c10::DeviceIndex device) {
+    TtArg a{};
+    if (generator) {
+      a.kind = TT_ARG_SEED;
+      a.i = static_cast<int64_t>(draw_seed(
+          v.isNone() ? std::nullopt : std::optional<at::Generator>(v.toGenerator()), device));
+    } else if (v.isNone()) {
+      a.kind = TT_ARG_NONE;
+    } else if (v.isTensor()) {
+      a.kind = TT_ARG_TENSOR;
+      a.len = 1;
+      a.tensors = push(v.toTensor());
+    } else if (v.isTensorList()) {
+      a.kind = TT_ARG_TENSOR_LIST;
+      auto list = v.toTensorList();
+      a.len = static_cast<int64_t>(list.size());
+      a.tensors = tensors.data() + tensors.size();
+      for (const at::Tensor& t : list) push(t);
+    } else if (v.isList() && (v.toList().empty() || v.toList().get(0).isTensor() ||
+                              v.toList().get(0).isNone())) {
+      a.kind = TT_ARG_TENSOR_LIST;  // Tensor?[]
+      auto list = v.toList();
+      a.len = static_cast<int64_t>(list.size());
+      a.tensors = tensors.data() + tensors.size();
+      for (const c10::IValue& t : list) push(t.isNone() ? at::Tensor() : t.toTensor());
+    } else if (v.isBool()) {
+      a.kind = TT_ARG_BOOL;
+      a.i = v.toBool();
+    } else if (v.isInt() || v.isSymInt()) {
+      a.kind = TT_ARG_INT;
+      a.i = v.isInt() ? v.toInt() : v.toSymInt().guard_int(__FILE__, __LINE__);
+    } else if (v.isDouble()) {
+      a.kind = TT_ARG_FLOAT;
+      a.f = v.toDouble();
+    } else if (v.isIntList() || v.isSymIntList()) {
+      a.kind = TT_ARG_INT_LIST;
+      ints.push_back(v.isIntList() ? v.toIntVector()
+                                   : c10::asIntArrayRefSlow(v.toSymIntVector(), __FILE__, __LINE__).vec());
+      a.ints = ints.back().data();
+      a.len = static_cast<int64_t>(ints.back().size());
+    } else if (v.isBoolList()) {
+      a.kind = TT_ARG_BOOL_LIST;
+      auto list = v.toBoolList();
+      ints.emplace_back(list.begin(), list.end());
+      a.ints = ints.back().data();
+      a.len = static_cast<int64_t>(ints.back().size());
+    } else if (v.isDoubleList()) {
+      a.kind = TT_ARG_FLOAT_LIST;
+      floats.push_back(v.toDoubleVector());
+      a.floats = floats.back().data();
+      a.len = static_cast<int64_t>(floats.back().size());
+    } else if (v.isString()) {
+      a.kind = TT_ARG_STRING;
+      a.str = v.toStringRef().c_str();
+    } else if (v.isComplexDouble()) {
+      TORCH_CHECK_NOT_IMPLEMENTED(false, "complex scalars are not supported on tpu");
+    } else {
+      a.kind = TT_ARG_OTHER;
+    }
+    args.push_back(a);
+  }
+
+  const TtTensor* push(const at::Tensor& t) {
+    tensors.push_back(describe(t));
+    return &tensors.back();
+  }
+};
+
+size_t count_tensors(c10::ArrayRef<c10::IValue> values) {
+  size_t n = 0;
+  for (const auto& v : values) {
+    if (v.isTensor()) n += 1;
+    else if (v.isList()) n += v.toList().size();
+  }
+  return n;
+}
+
+at::Tensor wrap(const TtResult& r) {
+  c10::Device device(kTpu, static_cast<c10::DeviceIndex>(r.device));
+  c10::DataPtr data(reinterpret_cast<void*>(r.addr), r.storage, &tt_storage_release, device);
+  auto storage = c10::make_intrusive<c10::StorageImpl>(
+      c10::StorageImpl::use_byte_size_t(), r.nbytes, std::move(data), tpu_allocator(), true);
+  auto t = at::detail::make_tensor<c10::TensorImpl>(
+      c10::Storage(std::move(storage)), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
+      caffe2::TypeMeta::fromScalarType(static_cast<at::ScalarType>(r.dtype)));
+  t.unsafeGetTensorImpl()->set_sizes_contiguous(c10::IntArrayRef(r.sizes, r.ndim));
+  return t;
+}
+
+// Writes a functional result into a mutated argument, as PyTorch's out= rules say.
+void write_into(const at::Tensor& dst, const at::Tensor& src) {
+  TORCH_CHECK(c10::canCast(src.scalar_type(), dst.scalar_type()), "result type ",
+              src.scalar_type(), " can't be cast to the desired output type ", dst.scalar_type());
+  at::native::resize_output(dst, src.sizes());
+  copy_on_device(src, dst);
+}
+
+at::Scalar local_scalar(const at::Tensor& self);
+
+c10::IValue to_return(const c10::Argument& ret, std::vector<at::Tensor>& results, size_t& next) {
+  const auto& type = ret.type();
+  if (type->kind() == c10::TypeKind::TensorType) return results.at(next++);
+  if (type->kind() == c10::TypeKind::ListType) {
+    std::vector<at::Tensor> rest(results.begin() + static_cast<std::ptrdiff_t>(next), results.end());
+    next = results.size();
+    return rest;
+  }
+  at::Scalar s = local_scalar(results.at(next++));
+  switch (type->kind()) {
+    case c10::TypeKind::BoolType: return s.toBool();
+    case c10::TypeKind::IntType: return s.toLong();
+    case c10::TypeKind::FloatType: return s.toDouble();
+    default: return s;
+  }
+}
+
+void fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  const OpEntry& entry = op_entry(op);
+  if (entry.op < 0) {
+    tt_fallback_count(c10::toString(op.operator_name()).c_str());
+    at::native::cpu_fallback(op, stack);
+    return;
+  }
+  const auto& schema = op.schema();
+  const size_t n = schema.arguments().size();
+  std::vector<c10::IValue> inputs(stack->end() - static_cast<std::ptrdiff_t>(n), stack->end());
+  c10::DeviceIndex device = -1;
+  for (const auto& v : inputs) {
+    if (v.isTensor() && v.toTensor().device().type() == kTpu) {
+      device = v.toTensor().device().index();
+      break;
+    }
+  }
+  const c10::DeviceGuard guard(c10::Device(kTpu, device < 0 ? 0 : device));
+  Marshal m;
+  m.tensors.reserve(count_tensors(inputs));
+  m.args.reserve(n);
+  for (size_t i = 0; i < n; ++i) {
+    bool is_out = std::find(entry.outs.begin(), entry.outs.end(), static_cast<int>(i)) != entry.outs.end();
+    if (is_out) m.add(c10::IValue(), false, device);
+    else m.add(inputs[i], entry.generator[i], device);
+  }
+  const TtResult* raw = nullptr;
+  int64_t count = 0;
+  check(tt_op_run(entry.op, m.args.data(), static_cast<int64_t>(n), &raw, &count));
+  std::vector<at::Tensor> results;
+  results.reserve(static_cast<size_t>(count));
+  for (int64_t i = 0; i < count; ++i) results.push_back(wrap(raw[i]));
+
+  torch::jit::drop(*stack, n);
+  if (!entry.outs.empty()) {
+    for (size_t k = 0; k < entry.outs.size(); ++k) {
+      write_into(inputs[entry.outs[k]].toTensor(), results.at(k));
+      stack->push_back(inputs[entry.outs[k]]);
+    }
+  } else if (entry.inplace) {
+    write_into(inputs[0].toTensor(), results.at(0));
+    stack->push_back(inputs[0]);
+  } else {
+    size_t next = 0;
+    for (const auto& ret : schema.returns()) stack->push_back(to_return(ret, results, next));
+  }
+}
+
+// ---------------------------------------------------------------- direct kernels
+
+at::Tensor empty(c10::IntArrayRef size, std::optional<at::ScalarType> dtype,
+                 std::optional<at::Layout> layout, std::optional<at::Device> device,
+                 std::optional<bool> pin_memory, std::optional<at::MemoryFormat> memory_format) {
+  TORCH_CHECK(c10::layout_or_default(layout) == c10::Layout::Strided,
+              "tpu supports only strided tensors");
+  TORCH_CHECK(!c10::pinned_memory_or_default(pin_memory), "Only dense CPU tensors can be pinned");
+  const c10::DeviceGuard guard(c10::device_or_default(device));
+  return at::detail::empty_generic(size, tpu_allocator(), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
+                                   c10::dtype_or_default(dtype), memory_format);
+}
+
+at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride,
+                         std::optional<at::ScalarType> dtype, std::optional<at::Layout> layout,
+                         std::optional<at::Device> device, std::optional<bool> pin_memory) {
+  TORCH_CHECK(c10::layout_or_default(layout) == c10::Layout::Strided,
+              "tpu supports only strided tensors");
+  TORCH_CHECK(!c10::pinned_memory_or_default(pin_memory), "Only dense CPU tensors can be pinned");
+  const c10::DeviceGuard guard(c10::device_or_default(device));
+  return at::detail::empty_strided_generic(size, stride, tpu_allocator(),
+                                           c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
+                                           c10::dtype_or_default(dtype));
+}
+
+at::Tensor as_strided(const at::Tensor& self, c10::SymIntArrayRef size, c10::SymIntArrayRef stride,
+                      std::optional<c10::SymInt> storage_offset) {
+  return at::cpu::as_strided_symint(self, size, stride, std::move(storage_offset));
+}
+
+at::Tensor view(const at::Tensor& self, c10::SymIntArrayRef size) {
+  return at::native::view(self, C10_AS_INTARRAYREF_SLOW(size));
+}
+
+at::Tensor reshape_alias(const at::Tensor& self, c10::SymIntArrayRef size, c10::SymIntArrayRef stride) {
+  return at::native::_reshape_alias(self, C10_AS_INTARRAYREF_SLOW(size), C10_AS_INTARRAYREF_SLOW(stride));
+}
+
+// Grows the storage of `self` if its view no longer fits in it.
+void fit_storage(const at::Tensor& self) {
+  auto* impl = self.unsafeGetTensorImpl();
+  size_t nbytes = at::detail::computeStorageNbytes(impl->sizes(), impl->strides(), self.itemsize(),
+                                                   impl->storage_offset());
+  if (nbytes > impl->storage().nbytes()) resize_storage(impl->storage(), nbytes);
+}
+
+const at::Tensor& resize(const at::Tensor& self, c10::SymIntArrayRef size,
+                         std::optional<at::MemoryFormat> memory_format) {
+  auto* impl = self.unsafeGetTensorImpl();
+  auto sizes = C10_AS_INTARRAYREF_SLOW(size);
+  if (impl->sizes() == sizes && !memory_format) return self;
+  impl->set_sizes_contiguous(sizes);
+  if (memory_format) impl->empty_tensor_restride(*memory_format);
+  fit_storage(self);
+  return self;
+}
+
+at::Tensor& set_storage(at::Tensor& self, at::Storage source, c10::SymInt offset,
+                        c10::SymIntArrayRef size, c10::SymIntArrayRef stride) {
+  auto off = offset.guard_int(__FILE__, __LINE__);
+  auto sizes = C10_AS_INTARRAYREF_SLOW(size);
+  auto strides = C10_AS_INTARRAYREF_SLOW(stride);
+  at::native::checkSetStorage(self, source, off, sizes, strides);
+  auto* impl = self.unsafeGetTensorImpl();
+  impl->set_storage_keep_dtype(std::move(source));
+  if (strides.data()) impl->set_sizes_and_strides(sizes, strides, off);
+  else {
+    impl->set_sizes_contiguous(sizes);
+    impl->set_storage_offset(off);
+  }
+  fit_storage(self);
+  return self;
+}
+
+at::Tensor& set_source(at::Tensor& self, at::Storage source) {
+  int64_t n = static_cast<int64_t>(source.nbytes()) / static_cast<int64_t>(self.itemsize());
+  return set_storage(self, std::move(source), 0, c10::SymIntArrayRef({c10::SymInt(n)}), {});
+}
+
+at::Tensor& set_tensor(at::Tensor& self, const at::Tensor& src) {
+  return at::native::set_tensor_(self, src);
+}
+
+at::Tensor& set_empty(at::Tensor& self) {
+  auto storage = c10::make_intrusive<c10::StorageImpl>(c10::StorageImpl::use_byte_size_t(), 0,
+                                                       tpu_allocator(), true);
+  return set_storage(self, c10::Storage(std::move(storage)), 0, c10::SymIntArrayRef({c10::SymInt(0)}), {});
+}
+
+at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool /*non_blocking*/) {
+  if (dst.numel() == 0) return dst;
+  if (self.is_privateuseone() && dst.is_privateuseone()) {
+    if (self.device() == dst.device()) {
+      copy_on_device(self, dst);
+      return dst;
+    }
+    return copy_from(self.cpu(), dst, false);  // between tpu devices, through the host
+  }
+  if (dst.is_privateuseone()) {
+    // The core receives host data already in dst's dtype and shape.
+    auto src = self.resolve_conj().resolve_neg().to(dst.scalar_type()).expand(dst.sizes()).contiguous();
+    copy_on_device(src, dst);
+    return dst;
+  }
+  auto tmp = at::empty(self.sizes(), self.options().device(c10::kCPU));
+  copy_on_device(self, tmp);
+  dst.copy_(tmp);
+  return dst;
+}
+
+at::Tensor copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst) {
+  dst.resize_(self.sizes());
+  return copy_from(self, dst, false);
+}
+
+at::Scalar local_scalar(const at::Tensor& self) {
+  auto tmp = at::empty({}, self.options().device(c10::kCPU));
+  copy_on_device(self.reshape({}), tmp);
+  return tmp.item();
+}
+
+}  // namespace
+}  // namespace torchtpu
+
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  using namespace torchtpu;
+  m.impl("empty.memory_format", TORCH_FN(empty));
+  m.impl("empty_strided", TORCH_FN(empty_strided));
+  m.impl("as_strided", TORCH_FN(as_strided));
+  m.impl("view", TORCH_FN(view));
+  m.impl("_reshape_alias", TORCH_FN(reshape_alias));
+  m.impl("resize_", TORCH_FN(resize));
+  m.impl("set_.source_Storage_storage_offset", TORCH_FN(set_storage));
+  m.impl("set_.source_Storage", TORCH_FN(set_source));
+  m.impl("set_.source_Tensor", TORCH_FN(set_tensor));
+  m.impl("set_", TORCH_FN(set_empty));
+  m.impl("_copy_from", TORCH_FN(copy_from));
+  m.impl("_copy_from_and_resize", TORCH_FN(copy_from_and_resize));
+  m.impl("_local_scalar_dense", TORCH_FN(local_scalar));
+}
+
+TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<&torchtpu::fallback>());
+}
+
+// Conjugate/negative views are resolved inside _copy_from; without these the
+// math-bit fallbacks recurse through it forever.
+TORCH_LIBRARY_IMPL(aten, Conjugate, m) {
+  m.impl("_copy_from", torch::CppFunction::makeFallthrough());
+}
+TORCH_LIBRARY_IMPL(aten, Negative, m) {
+  m.impl("_copy_from", torch::CppFunction::makeFallthrough());
+}

@@ -1,0 +1,117 @@
+// The only boundary between the C++ adapter and the Rust core.
+//
+// The adapter marshals operator arguments into these plain structs; the core
+// owns every operator's semantics. Every function returns 0 on success or an
+// error kind (TT_ERR_*); the message is then read with tt_last_error().
+#pragma once
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+// Error kinds, mapped by the adapter onto PyTorch's exception types.
+enum {
+  TT_OK = 0,
+  TT_ERR_RUNTIME = 1,         // RuntimeError
+  TT_ERR_VALUE = 2,           // ValueError
+  TT_ERR_INDEX = 3,           // IndexError
+  TT_ERR_TYPE = 4,            // TypeError
+  TT_ERR_NOT_IMPLEMENTED = 5, // NotImplementedError
+};
+
+// A tensor argument: a tpu view of a Rust storage, or a CPU tensor (scalars
+// and host-side copies).
+typedef struct TtTensor {
+  void* storage;        // Rust storage handle (tpu); NULL for CPU tensors
+  const void* host;     // CPU tensors: address of element 0 of the view
+  const int64_t* sizes;
+  const int64_t* strides;
+  int64_t offset;       // storage offset, in elements
+  int32_t ndim;
+  int32_t dtype;        // c10::ScalarType
+  int32_t device;       // tpu device index, -1 for CPU
+  uint8_t wrapped_number;
+  uint8_t defined;      // 0 for an undefined optional tensor in a list
+} TtTensor;
+
+enum {
+  TT_ARG_NONE = 0,
+  TT_ARG_TENSOR = 1,      // tensors[0]
+  TT_ARG_TENSOR_LIST = 2, // tensors[0..len)
+  TT_ARG_INT = 3,         // i
+  TT_ARG_FLOAT = 4,       // f
+  TT_ARG_BOOL = 5,        // i
+  TT_ARG_INT_LIST = 6,    // ints[0..len)
+  TT_ARG_FLOAT_LIST = 7,  // floats[0..len)
+  TT_ARG_BOOL_LIST = 8,   // ints[0..len)
+  TT_ARG_STRING = 9,      // str
+  TT_ARG_SEED = 10,       // i: 64 random bits drawn from the tpu generator
+  TT_ARG_OTHER = 11,      // device and other values no lowering reads
+};
+
+typedef struct TtArg {
+  int32_t kind;
+  int64_t i;
+  double f;
+  const TtTensor* tensors;
+  const int64_t* ints;
+  const double* floats;
+  int64_t len;
+  const char* str;
+} TtArg;
+
+// Declared argument of an operator's schema, given once when the operator is
+// first seen. `type` is the schema type string ("Tensor", "Scalar", "int[]").
+typedef struct TtSchemaArg {
+  const char* name;
+  const char* type;
+  uint8_t is_out;  // keyword-only written argument of an out= overload
+} TtSchemaArg;
+
+// A fresh tpu tensor produced by the core: contiguous, owning a new storage.
+typedef struct TtResult {
+  void* storage;
+  uint64_t addr;
+  int64_t nbytes;
+  const int64_t* sizes;
+  int32_t ndim;
+  int32_t dtype;
+  int32_t device;
+} TtResult;
+
+const char* tt_last_error(void);
+
+// Storage lifetime (allocator and DataPtr deleter).
+int tt_storage_new(int64_t nbytes, int32_t device, void** storage, uint64_t* addr);
+void tt_storage_release(void* storage);
+// A new storage of nbytes holding the old one's contents (the rest unset):
+// resizing moves a storage to a new, non-overlapping address range.
+int tt_storage_resize(void* old_storage, int64_t nbytes, void** storage, uint64_t* addr);
+
+// Operators. tt_op_register returns op >= 0 when the core lowers it, -1 when
+// it must run through the CPU fallback.
+int tt_op_register(const char* name, const char* overload, const TtSchemaArg* args,
+                   int64_t nargs, int32_t* op);
+// Runs a functional operator; results stay valid until the next call on the
+// same thread.
+int tt_op_run(int32_t op, const TtArg* args, int64_t nargs, const TtResult** results,
+              int64_t* nresults);
+void tt_fallback_count(const char* name);
+
+// Copies between views: tpu->tpu (broadcast and dtype conversion included),
+// host->tpu (src.host is contiguous in dst's dtype and shape), tpu->host (dst.host
+// is contiguous in src's dtype and shape).
+int tt_copy(const TtTensor* src, const TtTensor* dst);
+
+int tt_device_count(int32_t* count);
+int tt_synchronize(int32_t device);
+
+// Implemented by the adapter: 64 random bits from the default tpu generator of
+// a device (ops that draw random numbers without a generator argument).
+uint64_t tt_adapter_default_seed(int32_t device);
+
+#ifdef __cplusplus
+}
+#endif

@@ -1,0 +1,58 @@
+//! The compilation cache shared by every mode: one executable per distinct
+//! StableHLO program, compiled once per process.
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use crate::error::{Error, Result};
+use crate::ir::Graph;
+use crate::metrics::{add, bump, METRICS};
+use crate::{emit, runtime};
+
+pub struct Program {
+    pub exe: pjrt::LoadedExecutable,
+    pub mlir: String,
+}
+
+static PROGRAMS: Mutex<Option<HashMap<String, Arc<Program>>>> = Mutex::new(None);
+
+fn dump_dir() -> PathBuf {
+    std::env::var_os("TORCHTPU_DUMP_DIR").map(PathBuf::from).unwrap_or_else(|| std::env::temp_dir().join("torchtpu"))
+}
+
+/// Writes `mlir` under the dump directory; returns the file's path.
+fn dump(mlir: &str, what: &str) -> Option<PathBuf> {
+    let dir = dump_dir();
+    std::fs::create_dir_all(&dir).ok()?;
+    let hash = mlir.bytes().fold(0xcbf29ce484222325u64, |h, b| (h ^ b as u64).wrapping_mul(0x100000001b3));
+    let path = dir.join(format!("{what}-{hash:016x}.mlir"));
+    std::fs::write(&path, mlir).ok()?;
+    Some(path)
+}
+
+/// The executable of `graph`, compiled on first sight. `what` names the
+/// operation in error messages.
+pub fn compile(graph: &Graph, what: &str) -> Result<Arc<Program>> {
+    let mlir = emit::emit(graph);
+    if let Some(p) = PROGRAMS.lock().unwrap().get_or_insert_with(HashMap::new).get(&mlir) {
+        bump(&METRICS.program_hits);
+        return Ok(p.clone());
+    }
+    let rt = runtime::get()?;
+    let start = Instant::now();
+    let exe = rt.client.compile(&mlir).map_err(|e| {
+        let name = what.replace([':', '.', '/'], "_");
+        let file = dump(&mlir, &name).map_or("(could not write the dump)".into(), |p| p.display().to_string());
+        Error::runtime(format!("torchtpu: XLA failed to compile {what}: {e}\nStableHLO written to {file}"))
+    })?;
+    add(&METRICS.compile_ns, start.elapsed().as_nanos() as u64);
+    bump(&METRICS.compilations);
+    METRICS.largest_graph.fetch_max(graph.nodes.len() as u64, std::sync::atomic::Ordering::Relaxed);
+    if std::env::var_os("TORCHTPU_DUMP_DIR").is_some() {
+        dump(&mlir, &what.replace([':', '.', '/'], "_"));
+    }
+    let program = Arc::new(Program { exe, mlir: mlir.clone() });
+    PROGRAMS.lock().unwrap().get_or_insert_with(HashMap::new).insert(mlir, program.clone());
+    Ok(program)
+}

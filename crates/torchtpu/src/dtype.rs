@@ -1,0 +1,217 @@
+//! Element types and PyTorch's type-promotion rules (one place for all ops).
+use crate::error::{Error, Result};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum DType {
+    Bool,
+    U8,
+    I8,
+    I16,
+    I32,
+    I64,
+    F16,
+    BF16,
+    F32,
+    F64,
+    U32,
+    U64,
+}
+
+use DType::*;
+
+/// The default floating dtype (`torch.get_default_dtype()` is float32 unless changed).
+pub const DEFAULT_FLOAT: DType = F32;
+
+impl DType {
+    /// From `c10::ScalarType`'s numbering.
+    pub fn from_c10(code: i32) -> Result<DType> {
+        Ok(match code {
+            0 => U8,
+            1 => I8,
+            2 => I16,
+            3 => I32,
+            4 => I64,
+            5 => F16,
+            6 => F32,
+            7 => F64,
+            11 => Bool,
+            15 => BF16,
+            28 => U32,
+            29 => U64,
+            _ => return Err(Error::type_error(format!("tpu does not support dtype {}", c10_name(code)))),
+        })
+    }
+
+    pub fn to_c10(self) -> i32 {
+        match self {
+            U8 => 0,
+            I8 => 1,
+            I16 => 2,
+            I32 => 3,
+            I64 => 4,
+            F16 => 5,
+            F32 => 6,
+            F64 => 7,
+            Bool => 11,
+            BF16 => 15,
+            U32 => 28,
+            U64 => 29,
+        }
+    }
+
+    pub fn size(self) -> usize {
+        match self {
+            Bool | U8 | I8 => 1,
+            I16 | F16 | BF16 => 2,
+            I32 | F32 | U32 => 4,
+            I64 | F64 | U64 => 8,
+        }
+    }
+
+    pub fn is_float(self) -> bool {
+        matches!(self, F16 | BF16 | F32 | F64)
+    }
+
+    pub fn is_int(self) -> bool {
+        matches!(self, U8 | I8 | I16 | I32 | I64 | U32 | U64)
+    }
+
+    pub fn mlir(self) -> &'static str {
+        match self {
+            Bool => "i1",
+            U8 => "ui8",
+            I8 => "i8",
+            I16 => "i16",
+            I32 => "i32",
+            I64 => "i64",
+            F16 => "f16",
+            BF16 => "bf16",
+            F32 => "f32",
+            F64 => "f64",
+            U32 => "ui32",
+            U64 => "ui64",
+        }
+    }
+
+    pub fn element_type(self) -> pjrt::ElementType {
+        use pjrt::ElementType as E;
+        match self {
+            Bool => E::Pred,
+            U8 => E::U8,
+            I8 => E::S8,
+            I16 => E::S16,
+            I32 => E::S32,
+            I64 => E::S64,
+            F16 => E::F16,
+            BF16 => E::BF16,
+            F32 => E::F32,
+            F64 => E::F64,
+            U32 => E::U32,
+            U64 => E::U64,
+        }
+    }
+
+    /// PyTorch's name, as error messages print it.
+    pub fn torch_name(self) -> &'static str {
+        c10_name(self.to_c10())
+    }
+}
+
+fn c10_name(code: i32) -> &'static str {
+    const NAMES: [&str; 30] = [
+        "Byte", "Char", "Short", "Int", "Long", "Half", "Float", "Double", "ComplexHalf",
+        "ComplexFloat", "ComplexDouble", "Bool", "QInt8", "QUInt8", "QInt32", "BFloat16",
+        "QUInt4x2", "QUInt2x4", "Bits1x8", "Bits2x4", "Bits4x2", "Bits8", "Bits16",
+        "Float8_e5m2", "Float8_e4m3fn", "Float8_e5m2fnuz", "Float8_e4m3fnuz", "UInt16", "UInt32",
+        "UInt64",
+    ];
+    NAMES.get(code as usize).copied().unwrap_or("this dtype")
+}
+
+/// `c10::promoteTypes` restricted to the supported dtypes.
+pub fn promote(a: DType, b: DType) -> DType {
+    if a == b {
+        return a;
+    }
+    if a.is_float() || b.is_float() {
+        return match (a.is_float(), b.is_float()) {
+            (true, false) => a,
+            (false, true) => b,
+            _ if matches!((a, b), (F16, BF16) | (BF16, F16)) => F32,
+            _ => a.max(b),
+        };
+    }
+    match (a, b) {
+        (Bool, x) | (x, Bool) => x,
+        (U8, I8) | (I8, U8) => I16,
+        (U8, x) | (x, U8) => x,
+        _ => a.max(b),
+    }
+}
+
+/// How an operand takes part in `at::result_type`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Priority {
+    /// A tensor with at least one dimension.
+    Dim,
+    /// A zero-dimensional tensor.
+    ZeroDim,
+    /// A Python number: a `Scalar` argument or a wrapped-number tensor.
+    Wrapped,
+}
+
+/// `at::result_type` over operands given as (dtype, priority).
+pub fn result_type(operands: &[(DType, Priority)]) -> DType {
+    let mut state: [Option<DType>; 3] = [None; 3];
+    for &(dtype, priority) in operands {
+        let (slot, dtype) = match priority {
+            Priority::Dim => (0, dtype),
+            Priority::ZeroDim => (1, dtype),
+            Priority::Wrapped => (2, if dtype.is_float() { DEFAULT_FLOAT } else { dtype }),
+        };
+        state[slot] = Some(state[slot].map_or(dtype, |d| promote(d, dtype)));
+    }
+    let lower = combine(state[1], state[2]);
+    combine(state[0], lower).unwrap_or(DEFAULT_FLOAT)
+}
+
+fn combine(higher: Option<DType>, lower: Option<DType>) -> Option<DType> {
+    match (higher, lower) {
+        (None, l) => l,
+        (h, None) => h,
+        (Some(h), Some(l)) => {
+            if h.is_float() {
+                Some(h)
+            } else if h == Bool || l.is_float() {
+                Some(promote(h, l))
+            } else {
+                Some(h)
+            }
+        }
+    }
+}
+
+/// `c10::canCast`: no float to integral, no non-bool to bool.
+pub fn can_cast(from: DType, to: DType) -> bool {
+    !(from.is_float() && !to.is_float() || from != Bool && to == Bool)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn promotion_matches_pytorch() {
+        assert_eq!(promote(U8, I8), I16);
+        assert_eq!(promote(F16, BF16), F32);
+        assert_eq!(promote(I64, F16), F16);
+        assert_eq!(promote(Bool, I32), I32);
+        // int tensor + float scalar -> default float; float16 tensor + float scalar stays.
+        assert_eq!(result_type(&[(I64, Priority::Dim), (F64, Priority::Wrapped)]), F32);
+        assert_eq!(result_type(&[(F16, Priority::Dim), (F64, Priority::Wrapped)]), F16);
+        // zero-dim tensors do not promote within a category.
+        assert_eq!(result_type(&[(F32, Priority::Dim), (F64, Priority::ZeroDim)]), F32);
+        assert_eq!(result_type(&[(I32, Priority::Dim), (F64, Priority::ZeroDim)]), F64);
+        assert_eq!(result_type(&[(Bool, Priority::Dim), (I64, Priority::Wrapped)]), I64);
+    }
+}

@@ -1,0 +1,368 @@
+//! Prints an IR graph as a StableHLO module (MLIR text, generic op syntax).
+use std::fmt::Write;
+
+use crate::dtype::DType;
+use crate::ir::{Graph, Op, ReduceKind, Ty, V};
+
+fn tensor(t: &Ty) -> String {
+    let mut s = String::from("tensor<");
+    for d in &t.shape {
+        let _ = write!(s, "{d}x");
+    }
+    s.push_str(t.dtype.mlir());
+    s.push('>');
+    s
+}
+
+fn scalar(dtype: DType) -> String {
+    tensor(&Ty::new(dtype, &[]))
+}
+
+fn ints(v: &[i64]) -> String {
+    v.iter().map(|x| x.to_string()).collect::<Vec<_>>().join(", ")
+}
+
+fn array(v: &[i64]) -> String {
+    if v.is_empty() {
+        "array<i64>".into()
+    } else {
+        format!("array<i64: {}>", ints(v))
+    }
+}
+
+/// A literal for `dense<...>`: floats by bit pattern, so inf and NaN survive.
+fn literal(bits: i64, dtype: DType) -> String {
+    match dtype {
+        DType::Bool => (if bits != 0 { "true" } else { "false" }).into(),
+        DType::F64 => format!("0x{:016X}", bits as u64),
+        DType::F32 => format!("0x{:08X}", (f64::from_bits(bits as u64) as f32).to_bits()),
+        DType::U64 => (bits as u64).to_string(),
+        _ => bits.to_string(),
+    }
+}
+
+fn compare_type(dtype: DType) -> &'static str {
+    match dtype {
+        d if d.is_float() => "FLOAT",
+        DType::Bool | DType::U8 | DType::U32 | DType::U64 => "UNSIGNED",
+        _ => "SIGNED",
+    }
+}
+
+/// Init value of a reduction, as f64 (floats) or integer bits.
+fn reduce_init(kind: ReduceKind, dtype: DType) -> i64 {
+    let float = |x: f64| x.to_bits() as i64;
+    let (lo, hi) = match dtype {
+        DType::Bool => (0, 1),
+        DType::U8 => (0, u8::MAX as i64),
+        DType::I8 => (i8::MIN as i64, i8::MAX as i64),
+        DType::I16 => (i16::MIN as i64, i16::MAX as i64),
+        DType::I32 => (i32::MIN as i64, i32::MAX as i64),
+        DType::U32 => (0, u32::MAX as i64),
+        DType::I64 => (i64::MIN, i64::MAX),
+        DType::U64 => (0, -1),
+        _ => (float(f64::NEG_INFINITY), float(f64::INFINITY)),
+    };
+    match kind {
+        ReduceKind::Sum | ReduceKind::Or => if dtype.is_float() { float(0.0) } else { 0 },
+        ReduceKind::Prod | ReduceKind::And => if dtype.is_float() { float(1.0) } else { 1 },
+        ReduceKind::Max => lo,
+        ReduceKind::Min => hi,
+    }
+}
+
+fn reduce_op(kind: ReduceKind) -> &'static str {
+    match kind {
+        ReduceKind::Sum => "stablehlo.add",
+        ReduceKind::Prod => "stablehlo.multiply",
+        ReduceKind::Max => "stablehlo.maximum",
+        ReduceKind::Min => "stablehlo.minimum",
+        ReduceKind::And => "stablehlo.and",
+        ReduceKind::Or => "stablehlo.or",
+    }
+}
+
+struct Emitter<'g> {
+    g: &'g Graph,
+    out: String,
+}
+
+impl Emitter<'_> {
+    fn name(&self, v: V) -> String {
+        match &self.g.nodes[v].op {
+            Op::Param(n) => format!("%arg{n}"),
+            Op::ArgReduce { .. } | Op::RngBits => format!("%v{v}#1"),
+            _ => format!("%v{v}"),
+        }
+    }
+
+    fn ty(&self, v: V) -> String {
+        tensor(self.g.ty(v))
+    }
+
+    /// `%vN = "op"(args) {attrs} : (arg types) -> result type`
+    fn line(&mut self, v: V, op: &str, attrs: &str) {
+        let node = &self.g.nodes[v];
+        let args: Vec<String> = node.args.iter().map(|&a| self.name(a)).collect();
+        let types: Vec<String> = node.args.iter().map(|&a| self.ty(a)).collect();
+        let attrs = if attrs.is_empty() { String::new() } else { format!(" {{{attrs}}}") };
+        let _ = writeln!(
+            self.out,
+            "    %v{v} = \"{op}\"({}){attrs} : ({}) -> {}",
+            args.join(", "),
+            types.join(", "),
+            tensor(&node.ty)
+        );
+    }
+
+    fn constant(&mut self, name: &str, bits: i64, ty: &Ty) {
+        // f16/bf16 literals are written as f32 and converted, exactly.
+        if matches!(ty.dtype, DType::F16 | DType::BF16) {
+            let wide = Ty::new(DType::F32, &ty.shape);
+            self.constant(&format!("{name}_f32"), bits, &wide);
+            let _ = writeln!(
+                self.out,
+                "    {name} = \"stablehlo.convert\"({name}_f32) : ({}) -> {}",
+                tensor(&wide),
+                tensor(ty)
+            );
+            return;
+        }
+        let _ = writeln!(
+            self.out,
+            "    {name} = stablehlo.constant dense<{}> : {}",
+            literal(bits, ty.dtype),
+            tensor(ty)
+        );
+    }
+
+    /// A two-argument region `^bb0(x, y): return op(x, y)`.
+    fn binary_region(&mut self, v: V, op: Option<&str>, dtype: DType) -> String {
+        let s = scalar(dtype);
+        let body = match op {
+            Some(op) => format!(
+                "      %r{v} = \"{op}\"(%x{v}, %y{v}) : ({s}, {s}) -> {s}\n      \"stablehlo.return\"(%r{v}) : ({s}) -> ()\n"
+            ),
+            None => format!("      \"stablehlo.return\"(%y{v}) : ({s}) -> ()\n"),
+        };
+        format!("({{\n    ^bb0(%x{v}: {s}, %y{v}: {s}):\n{body}    }})")
+    }
+
+    fn node(&mut self, v: V) {
+        let node = &self.g.nodes[v];
+        match &node.op {
+            Op::Param(_) => {}
+            Op::Const(bits) => {
+                let ty = node.ty.clone();
+                self.constant(&format!("%v{v}"), *bits, &ty)
+            }
+            Op::Iota(d) => self.line(v, "stablehlo.iota", &format!("iota_dimension = {d} : i64")),
+            Op::Elementwise(op) => self.line(v, op, ""),
+            Op::Compare(dir) => {
+                let ct = compare_type(self.g.ty(node.args[0]).dtype);
+                let attrs = format!(
+                    "comparison_direction = #stablehlo<comparison_direction {dir}>, compare_type = #stablehlo<comparison_type {ct}>"
+                );
+                self.line(v, "stablehlo.compare", &attrs)
+            }
+            Op::Select => self.line(v, "stablehlo.select", ""),
+            Op::Convert => self.line(v, "stablehlo.convert", ""),
+            Op::BitcastConvert => self.line(v, "stablehlo.bitcast_convert", ""),
+            Op::Reshape => self.line(v, "stablehlo.reshape", ""),
+            Op::Transpose(p) => self.line(v, "stablehlo.transpose", &format!("permutation = {}", array(p))),
+            Op::BroadcastInDim(d) => {
+                self.line(v, "stablehlo.broadcast_in_dim", &format!("broadcast_dimensions = {}", array(d)))
+            }
+            Op::Slice { start, limit, stride } => {
+                let attrs = format!(
+                    "start_indices = {}, limit_indices = {}, strides = {}",
+                    array(start),
+                    array(limit),
+                    array(stride)
+                );
+                self.line(v, "stablehlo.slice", &attrs)
+            }
+            Op::Concatenate(d) => self.line(v, "stablehlo.concatenate", &format!("dimension = {d} : i64")),
+            Op::Pad { low, high, interior } => {
+                let attrs = format!(
+                    "edge_padding_low = {}, edge_padding_high = {}, interior_padding = {}",
+                    array(low),
+                    array(high),
+                    array(interior)
+                );
+                self.line(v, "stablehlo.pad", &attrs)
+            }
+            Op::Reverse(d) => self.line(v, "stablehlo.reverse", &format!("dimensions = {}", array(d))),
+            Op::Reduce { kind, dims } => self.reduce(v, *kind, dims),
+            Op::ArgReduce { max, dim } => self.arg_reduce(v, *max, *dim),
+            Op::DotGeneral { lhs_batch, rhs_batch, lhs_contract, rhs_contract } => {
+                let mut fields = Vec::new();
+                if !lhs_batch.is_empty() {
+                    fields.push(format!("lhs_batching_dimensions = [{}]", ints(lhs_batch)));
+                    fields.push(format!("rhs_batching_dimensions = [{}]", ints(rhs_batch)));
+                }
+                fields.push(format!("lhs_contracting_dimensions = [{}]", ints(lhs_contract)));
+                fields.push(format!("rhs_contracting_dimensions = [{}]", ints(rhs_contract)));
+                self.line(v, "stablehlo.dot_general", &format!("dot_dimension_numbers = #stablehlo.dot<{}>", fields.join(", ")))
+            }
+            Op::Take { axis } => self.take(v, *axis),
+            Op::Put { axis, accumulate } => self.put(v, *axis, *accumulate),
+            Op::RngBits => {
+                let key = self.name(node.args[0]);
+                let kt = self.ty(node.args[0]);
+                let _ = writeln!(
+                    self.out,
+                    "    %v{v}:2 = \"stablehlo.rng_bit_generator\"({key}) {{rng_algorithm = #stablehlo<rng_algorithm THREE_FRY>}} : ({kt}) -> ({kt}, {})",
+                    tensor(&node.ty)
+                );
+            }
+        }
+    }
+
+    fn reduce(&mut self, v: V, kind: ReduceKind, dims: &[i64]) {
+        let node = &self.g.nodes[v];
+        let input = node.args[0];
+        let dtype = node.ty.dtype;
+        let init = format!("%i{v}");
+        self.constant(&init, reduce_init(kind, dtype), &Ty::new(dtype, &[]));
+        let region = self.binary_region(v, Some(reduce_op(kind)), dtype);
+        let _ = writeln!(
+            self.out,
+            "    %v{v} = \"stablehlo.reduce\"({}, {init}) {region} {{dimensions = {}}} : ({}, {}) -> {}",
+            self.name(input),
+            array(dims),
+            self.ty(input),
+            scalar(dtype),
+            tensor(&node.ty)
+        );
+    }
+
+    fn arg_reduce(&mut self, v: V, max: bool, dim: i64) {
+        let node = &self.g.nodes[v];
+        let input = node.args[0];
+        let it = self.g.ty(input).clone();
+        let (dt, s, si) = (it.dtype, scalar(it.dtype), scalar(DType::I64));
+        let idx_ty = Ty::new(DType::I64, &it.shape);
+        let _ = writeln!(
+            self.out,
+            "    %n{v} = \"stablehlo.iota\"() {{iota_dimension = {dim} : i64}} : () -> {}",
+            tensor(&idx_ty)
+        );
+        let kind = if max { ReduceKind::Max } else { ReduceKind::Min };
+        self.constant(&format!("%iv{v}"), reduce_init(kind, dt), &Ty::new(dt, &[]));
+        self.constant(&format!("%ii{v}"), 0, &Ty::new(DType::I64, &[]));
+        let (better, ct) = (if max { "GT" } else { "LT" }, compare_type(dt));
+        let cmp = |name: &str, dir: &str, a: &str, b: &str, ty: &str, ct: &str| {
+            format!(
+                "      %{name}{v} = \"stablehlo.compare\"(%{a}{v}, %{b}{v}) {{comparison_direction = #stablehlo<comparison_direction {dir}>, compare_type = #stablehlo<comparison_type {ct}>}} : ({ty}, {ty}) -> tensor<i1>\n"
+            )
+        };
+        let bool2 = |name: &str, op: &str, a: &str, b: &str| {
+            format!("      %{name}{v} = \"stablehlo.{op}\"(%{a}{v}, %{b}{v}) : (tensor<i1>, tensor<i1>) -> tensor<i1>\n")
+        };
+        let mut body = String::new();
+        body += &cmp("gt", better, "av", "bv", &s, ct);
+        body += &cmp("an", "NE", "av", "av", &s, ct);
+        body += &cmp("bn", "NE", "bv", "bv", &s, ct);
+        body += &cmp("eq", "EQ", "av", "bv", &s, ct);
+        body += &cmp("lt", "LT", "ai", "bi", &si, "SIGNED");
+        body += &format!("      %nb{v} = \"stablehlo.not\"(%bn{v}) : (tensor<i1>) -> tensor<i1>\n");
+        body += &bool2("p1", "and", "an", "nb");
+        body += &bool2("bb", "and", "an", "bn");
+        body += &bool2("ti", "or", "eq", "bb");
+        body += &bool2("p2", "and", "ti", "lt");
+        body += &bool2("p3", "or", "gt", "p1");
+        body += &bool2("pa", "or", "p3", "p2");
+        body += &format!("      %rv{v} = \"stablehlo.select\"(%pa{v}, %av{v}, %bv{v}) : (tensor<i1>, {s}, {s}) -> {s}\n");
+        body += &format!("      %ri{v} = \"stablehlo.select\"(%pa{v}, %ai{v}, %bi{v}) : (tensor<i1>, {si}, {si}) -> {si}\n");
+        body += &format!("      \"stablehlo.return\"(%rv{v}, %ri{v}) : ({s}, {si}) -> ()\n");
+        let mut out_shape = it.shape.clone();
+        out_shape.remove(dim as usize);
+        let (ov, oi) = (tensor(&Ty::new(dt, &out_shape)), tensor(&Ty::new(DType::I64, &out_shape)));
+        let _ = writeln!(
+            self.out,
+            "    %v{v}:2 = \"stablehlo.reduce\"({}, %n{v}, %iv{v}, %ii{v}) ({{\n    ^bb0(%av{v}: {s}, %ai{v}: {si}, %bv{v}: {s}, %bi{v}: {si}):\n{body}    }}) {{dimensions = array<i64: {dim}>}} : ({}, {}, {s}, {si}) -> ({ov}, {oi})",
+            self.name(input),
+            tensor(&it),
+            tensor(&idx_ty)
+        );
+    }
+
+    /// Window dimensions shared by `take` (gather) and `put` (scatter).
+    fn windows(rank: usize, axis: i64, k: usize) -> Vec<i64> {
+        let axis = axis as usize;
+        (0..axis).chain(axis + k..rank - 1 + k).map(|d| d as i64).collect()
+    }
+
+    fn take(&mut self, v: V, axis: i64) {
+        let node = &self.g.nodes[v];
+        let (a, idx) = (self.g.ty(node.args[0]).clone(), self.g.ty(node.args[1]).clone());
+        let offset = Self::windows(a.rank(), axis, idx.rank());
+        let mut sizes = a.shape.clone();
+        sizes[axis as usize] = 1;
+        let attrs = format!(
+            "dimension_numbers = #stablehlo.gather<offset_dims = [{}], collapsed_slice_dims = [{axis}], start_index_map = [{axis}], index_vector_dim = {}>, slice_sizes = {}, indices_are_sorted = false",
+            ints(&offset),
+            idx.rank(),
+            array(&sizes)
+        );
+        self.line(v, "stablehlo.gather", &attrs)
+    }
+
+    fn put(&mut self, v: V, axis: i64, accumulate: bool) {
+        let node = &self.g.nodes[v];
+        let (a, idx) = (self.g.ty(node.args[0]).clone(), self.g.ty(node.args[1]).clone());
+        let window = Self::windows(a.rank(), axis, idx.rank());
+        let args: Vec<String> = node.args.iter().map(|&x| self.name(x)).collect();
+        let types: Vec<String> = node.args.iter().map(|&x| self.ty(x)).collect();
+        let region = self.binary_region(v, accumulate.then_some("stablehlo.add"), a.dtype);
+        let _ = writeln!(
+            self.out,
+            "    %v{v} = \"stablehlo.scatter\"({}) {region} {{scatter_dimension_numbers = #stablehlo.scatter<update_window_dims = [{}], inserted_window_dims = [{axis}], scatter_dims_to_operand_dims = [{axis}], index_vector_dim = {}>, indices_are_sorted = false, unique_indices = false}} : ({}) -> {}",
+            args.join(", "),
+            ints(&window),
+            idx.rank(),
+            types.join(", "),
+            tensor(&a)
+        );
+    }
+}
+
+/// The StableHLO module of a graph: `@main(params...) -> outputs`.
+pub fn emit(g: &Graph) -> String {
+    let mut e = Emitter { g, out: String::new() };
+    let params: Vec<String> =
+        g.params.iter().enumerate().map(|(i, t)| format!("%arg{i}: {}", tensor(t))).collect();
+    let results: Vec<String> = g.outputs.iter().map(|&v| e.ty(v)).collect();
+    let _ = writeln!(
+        e.out,
+        "module @torchtpu {{\n  func.func public @main({}) -> ({}) {{",
+        params.join(", "),
+        results.join(", ")
+    );
+    // Only nodes that reach an output are printed.
+    let mut live = vec![false; g.nodes.len()];
+    for &o in &g.outputs {
+        live[o] = true;
+    }
+    for v in (0..g.nodes.len()).rev() {
+        if live[v] {
+            for &a in &g.nodes[v].args {
+                live[a] = true;
+            }
+        }
+    }
+    for v in 0..g.nodes.len() {
+        if live[v] {
+            e.node(v);
+        }
+    }
+    let names: Vec<String> = g.outputs.iter().map(|&v| e.name(v)).collect();
+    let _ = writeln!(
+        e.out,
+        "    \"func.return\"({}) : ({}) -> ()\n  }}\n}}",
+        names.join(", "),
+        results.join(", ")
+    );
+    e.out
+}

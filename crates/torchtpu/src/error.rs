@@ -1,0 +1,59 @@
+//! Errors carried to Python as the exception type PyTorch would raise.
+use std::fmt;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    Runtime = 1,
+    Value = 2,
+    Index = 3,
+    Type = 4,
+    NotImplemented = 5,
+}
+
+#[derive(Clone, Debug)]
+pub struct Error {
+    pub kind: Kind,
+    pub message: String,
+}
+
+pub type Result<T> = std::result::Result<T, Error>;
+
+impl Error {
+    pub fn runtime(message: impl Into<String>) -> Error {
+        Error { kind: Kind::Runtime, message: message.into() }
+    }
+    pub fn value(message: impl Into<String>) -> Error {
+        Error { kind: Kind::Value, message: message.into() }
+    }
+    pub fn index(message: impl Into<String>) -> Error {
+        Error { kind: Kind::Index, message: message.into() }
+    }
+    pub fn type_error(message: impl Into<String>) -> Error {
+        Error { kind: Kind::Type, message: message.into() }
+    }
+    pub fn not_implemented(message: impl Into<String>) -> Error {
+        Error { kind: Kind::NotImplemented, message: message.into() }
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl From<pjrt::Error> for Error {
+    fn from(e: pjrt::Error) -> Error {
+        Error::runtime(format!("XLA: {e}"))
+    }
+}
+
+/// `TORCH_CHECK`: a RuntimeError unless `cond` holds.
+#[macro_export]
+macro_rules! ensure {
+    ($cond:expr, $($fmt:tt)+) => {
+        if !$cond {
+            return Err($crate::error::Error::runtime(format!($($fmt)+)));
+        }
+    };
+}

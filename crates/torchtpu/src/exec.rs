@@ -1,0 +1,436 @@
+//! Running operators: per-signature plans (strict and debug modes), program
+//! inputs, and copies between views and the host.
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::{Arc, LazyLock, Mutex, RwLock, Weak};
+use std::time::Instant;
+
+use crate::args::{Arg, Tensor};
+use crate::cache::{self, Program};
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::ir::Ty;
+use crate::lower::{self, Cx, Input, OpDef};
+use crate::metrics::{add, bump, METRICS};
+use crate::runtime;
+use crate::storage::{DeviceBuffer, Storage};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// Each op compiled alone and run synchronously, results checked.
+    Debug = 0,
+    /// Each op compiled alone (cached per signature), run asynchronously.
+    Strict = 1,
+}
+
+static MODE: AtomicU8 = AtomicU8::new(Mode::Strict as u8);
+
+pub fn mode() -> Mode {
+    if MODE.load(Ordering::Relaxed) == 0 { Mode::Debug } else { Mode::Strict }
+}
+
+pub fn set_mode(name: &str) -> Result<()> {
+    let m = match name {
+        "debug" => Mode::Debug,
+        "strict" => Mode::Strict,
+        "fused" => return Err(Error::not_implemented("torchtpu: fused mode is not implemented yet; use 'strict' or 'debug'")),
+        _ => return Err(Error::value(format!("torchtpu: unknown mode '{name}'; expected 'debug' or 'strict'"))),
+    };
+    MODE.store(m as u8, Ordering::Relaxed);
+    Ok(())
+}
+
+pub fn mode_name() -> &'static str {
+    match mode() {
+        Mode::Debug => "debug",
+        Mode::Strict => "strict",
+    }
+}
+
+/// A compiled operator signature: the program and where its inputs come from.
+pub struct Plan {
+    program: Arc<Program>,
+    inputs: Vec<Input>,
+    outputs: Vec<Ty>,
+    /// Output indices of IndexError flags, with their messages.
+    checks: Vec<(usize, String)>,
+}
+
+type Key = Vec<u64>;
+static PLANS: LazyLock<RwLock<HashMap<Key, Arc<Plan>>>> = LazyLock::new(Default::default);
+
+/// The cache key of a call: the op and everything its program depends on,
+/// never the values of runtime operands.
+fn signature(op: &OpDef, args: &[Arg]) -> Key {
+    let mut key = vec![op.id as u64];
+    let mut storages: Vec<*const Storage> = Vec::new();
+    let mut tensor = |key: &mut Key, t: &Option<Tensor>| {
+        let Some(t) = t else { return key.push(0) };
+        key.extend([1, t.dtype as u64, t.device.map_or(u64::MAX, |d| d as u64), t.wrapped as u64, t.sizes.len() as u64]);
+        key.extend(t.sizes.iter().map(|&s| s as u64));
+        if t.device.is_none() {
+            return;
+        }
+        key.extend(t.strides.iter().map(|&s| s as u64));
+        key.push(t.offset as u64);
+        match t.storage {
+            None => key.push(u64::MAX),
+            Some(s) => {
+                // Aliasing decides the program's parameters: which earlier tensor shares the storage.
+                let p = s as *const Storage;
+                let first = storages.iter().position(|&q| q == p).unwrap_or(storages.len());
+                storages.push(p);
+                key.push(first as u64);
+                key.push(s.nbytes as u64);
+                match s.value() {
+                    None => key.push(u64::MAX - 1),
+                    Some(b) => {
+                        key.push(b.ty.dtype as u64);
+                        key.extend(b.ty.shape.iter().map(|&d| d as u64));
+                        key.push(u64::MAX - 2);
+                    }
+                }
+            }
+        }
+    };
+    for (i, a) in args.iter().enumerate() {
+        let runtime = op.is_runtime(i);
+        match a {
+            Arg::None => key.push(100),
+            Arg::Tensor(t) => tensor(&mut key, &Some(*t)),
+            Arg::Tensors(ts) => {
+                key.extend([102, ts.len() as u64]);
+                for t in ts {
+                    tensor(&mut key, t);
+                }
+            }
+            Arg::Int(v) => key.extend(if runtime { vec![103] } else { vec![104, *v as u64] }),
+            Arg::Float(f) => key.extend(if runtime { vec![105] } else { vec![106, f.to_bits()] }),
+            Arg::Bool(b) => key.extend(if runtime { vec![107] } else { vec![108, *b as u64] }),
+            Arg::Ints(v) => {
+                key.extend([109, v.len() as u64]);
+                key.extend(v.iter().map(|&x| x as u64));
+            }
+            Arg::Floats(v) => {
+                key.extend([110, v.len() as u64]);
+                key.extend(v.iter().map(|x| x.to_bits()));
+            }
+            Arg::Bools(v) => {
+                key.extend([111, v.len() as u64]);
+                key.extend(v.iter().map(|&x| x as u64));
+            }
+            Arg::Str(s) => {
+                key.extend([112, s.len() as u64]);
+                key.extend(s.bytes().map(|b| b as u64));
+            }
+            Arg::Seed(_) => key.push(113),
+            Arg::Other => key.push(114),
+        }
+    }
+    key
+}
+
+fn build(op: &OpDef, args: &[Arg], device: usize) -> Result<Plan> {
+    let mut cx = Cx::new(op, args, device);
+    let outputs = (op.entry.lower)(&mut cx)?;
+    let mut g = std::mem::take(&mut cx.g);
+    g.outputs = outputs.clone();
+    let mut checks = Vec::new();
+    for (flag, message) in std::mem::take(&mut cx.checks) {
+        checks.push((g.outputs.len(), message));
+        g.outputs.push(flag);
+    }
+    let program = cache::compile(&g, &op.name)?;
+    let outputs = outputs.iter().map(|&v| g.ty(v).clone()).collect();
+    Ok(Plan { program, inputs: cx.inputs, outputs, checks })
+}
+
+fn plan(op: &OpDef, args: &[Arg], device: usize) -> Result<Arc<Plan>> {
+    let key = signature(op, args);
+    if let Some(p) = PLANS.read().unwrap().get(&key) {
+        bump(&METRICS.plan_hits);
+        return Ok(p.clone());
+    }
+    bump(&METRICS.plan_misses);
+    let p = Arc::new(build(op, args, device)?);
+    PLANS.write().unwrap().insert(key, p.clone());
+    Ok(p)
+}
+
+// ------------------------------------------------------------------ inputs
+
+/// Small uploads (scalars) reused by value: a constant `alpha` or learning
+/// rate costs no transfer after its first use.
+static SCALARS: LazyLock<Mutex<HashMap<(usize, DType, u64), Arc<DeviceBuffer>>>> = LazyLock::new(Default::default);
+
+fn upload(bytes: &[u8], ty: Ty, device: usize) -> Result<Arc<DeviceBuffer>> {
+    let rt = runtime::get()?;
+    let buf = rt.client.buffer_from_host(bytes, ty.dtype.element_type(), &ty.shape, rt.device(device)?)?;
+    bump(&METRICS.transfers_to_device);
+    Ok(DeviceBuffer::new(buf, ty))
+}
+
+fn upload_scalar(bytes: &[u8], dtype: DType, device: usize) -> Result<Arc<DeviceBuffer>> {
+    let mut word = [0u8; 8];
+    word[..bytes.len()].copy_from_slice(bytes);
+    let key = (device, dtype, u64::from_le_bytes(word));
+    if let Some(b) = SCALARS.lock().unwrap().get(&key) {
+        return Ok(b.clone());
+    }
+    let b = upload(bytes, Ty::new(dtype, &[]), device)?;
+    let mut cache = SCALARS.lock().unwrap();
+    if cache.len() >= 4096 {
+        cache.clear();
+    }
+    cache.insert(key, b.clone());
+    Ok(b)
+}
+
+fn tensor_at<'a>(args: &'a [Arg<'a>], arg: usize, item: usize) -> Result<Tensor<'a>> {
+    match &args[arg] {
+        Arg::Tensor(t) if item == 0 => Ok(*t),
+        Arg::Tensors(ts) => ts.get(item).copied().flatten().ok_or_else(|| Error::runtime("torchtpu: missing tensor input")),
+        _ => Err(Error::runtime("torchtpu: input is not a tensor")),
+    }
+}
+
+fn input(input: &Input, args: &[Arg], device: usize) -> Result<Arc<DeviceBuffer>> {
+    match *input {
+        Input::Storage { arg, item } => tensor_at(args, arg, item)?
+            .storage
+            .and_then(|s| s.value())
+            .ok_or_else(|| Error::runtime("torchtpu: a storage lost its value")),
+        Input::Host { arg, item } => {
+            let t = tensor_at(args, arg, item)?;
+            upload_scalar(t.host_bytes(), t.dtype, device)
+        }
+        Input::Scalar { arg, dtype } => {
+            let bytes = match (&args[arg], dtype) {
+                (Arg::Int(v), _) => v.to_le_bytes().to_vec(),
+                (Arg::Float(f), _) => f.to_le_bytes().to_vec(),
+                (Arg::Bool(b), _) => vec![*b as u8],
+                _ => return Err(Error::runtime("torchtpu: scalar input is not a number")),
+            };
+            upload_scalar(&bytes, dtype, device)
+        }
+        Input::Seed { arg } => {
+            let seed = match arg.map(|a| &args[a]) {
+                Some(Arg::Seed(s)) => *s,
+                _ => unsafe { crate::ffi::tt_adapter_default_seed(device as i32) },
+            };
+            let key: Vec<u8> = [seed, 0u64].iter().flat_map(|w| w.to_le_bytes()).collect();
+            upload(&key, Ty::new(DType::U64, &[2]), device)
+        }
+    }
+}
+
+// ------------------------------------------------------------------ execution
+
+/// Buffers produced since the last synchronize, for `synchronize`.
+static PENDING: Mutex<Vec<Weak<DeviceBuffer>>> = Mutex::new(Vec::new());
+
+fn track(buffers: &[Arc<DeviceBuffer>]) {
+    let mut pending = PENDING.lock().unwrap();
+    if pending.len() > 4096 {
+        pending.retain(|w| w.strong_count() > 0);
+    }
+    pending.extend(buffers.iter().map(Arc::downgrade));
+}
+
+/// Waits for every computation issued so far.
+pub fn synchronize() -> Result<()> {
+    let pending = std::mem::take(&mut *PENDING.lock().unwrap());
+    for b in pending.iter().filter_map(Weak::upgrade) {
+        b.buf.await_ready()?;
+    }
+    Ok(())
+}
+
+fn read_bool(b: &DeviceBuffer) -> Result<bool> {
+    let mut byte = [0u8; 1];
+    b.buf.to_host(&mut byte)?;
+    Ok(byte[0] != 0)
+}
+
+fn execute(plan: &Plan, what: &str, args: &[Arg], device: usize) -> Result<Vec<Arc<DeviceBuffer>>> {
+    let rt = runtime::get()?;
+    let held: Vec<Arc<DeviceBuffer>> = plan.inputs.iter().map(|i| input(i, args, device)).collect::<Result<_>>()?;
+    let refs: Vec<&pjrt::Buffer> = held.iter().map(|b| &b.buf).collect();
+    let start = Instant::now();
+    let raw = plan.program.exe.execute(&refs, rt.device(device)?, &[])?;
+    add(&METRICS.execute_ns, start.elapsed().as_nanos() as u64);
+    bump(&METRICS.executions);
+    let mut outs: Vec<Arc<DeviceBuffer>> = Vec::with_capacity(raw.len());
+    for (i, buf) in raw.into_iter().enumerate() {
+        let ty = plan.outputs.get(i).cloned().unwrap_or(Ty::new(DType::Bool, &[]));
+        outs.push(DeviceBuffer::new(buf, ty));
+    }
+    for (i, message) in &plan.checks {
+        if read_bool(&outs[*i])? {
+            return Err(Error::index(message.clone()));
+        }
+    }
+    outs.truncate(plan.outputs.len());
+    if mode() == Mode::Debug {
+        for b in &outs {
+            b.buf.await_ready().map_err(|e| Error::runtime(format!("torchtpu: {what} failed: {e}")))?;
+        }
+        if std::env::var("TORCHTPU_DEBUG_NANS").is_ok_and(|v| v == "1") {
+            check_finite(&outs, what, device)?;
+        }
+    } else {
+        track(&outs);
+    }
+    Ok(outs)
+}
+
+/// Debug mode's NaN/Inf check of an op's floating outputs.
+fn check_finite(outs: &[Arc<DeviceBuffer>], what: &str, device: usize) -> Result<()> {
+    for b in outs.iter().filter(|b| b.ty.dtype.is_float()) {
+        let mut bytes = vec![0u8; b.ty.numel() as usize * b.ty.dtype.size()];
+        b.buf.to_host(&mut bytes)?;
+        let bad = match b.ty.dtype {
+            DType::F32 => bytes.chunks_exact(4).any(|c| !f32::from_le_bytes(c.try_into().unwrap()).is_finite()),
+            DType::F64 => bytes.chunks_exact(8).any(|c| !f64::from_le_bytes(c.try_into().unwrap()).is_finite()),
+            // f16/bf16: exponent bits all ones.
+            DType::BF16 => bytes.chunks_exact(2).any(|c| u16::from_le_bytes([c[0], c[1]]) & 0x7f80 == 0x7f80),
+            _ => bytes.chunks_exact(2).any(|c| u16::from_le_bytes([c[0], c[1]]) & 0x7c00 == 0x7c00),
+        };
+        if bad {
+            return Err(Error::runtime(format!(
+                "torchtpu debug mode: {what} produced NaN or Inf on tpu:{device} (TORCHTPU_DEBUG_NANS=1)"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// The device an op runs on: that of its tpu tensors (which must agree).
+fn device_of(op: &OpDef, args: &[Arg]) -> Result<usize> {
+    let mut found: Option<usize> = None;
+    let mut check = |t: &Tensor| -> Result<()> {
+        if let Some(d) = t.device {
+            match found {
+                Some(f) if f != d => Err(Error::runtime(format!(
+                    "Expected all tensors to be on the same device, but found at least two devices, tpu:{f} and tpu:{d}! ({})",
+                    op.name
+                ))),
+                _ => {
+                    found = Some(d);
+                    Ok(())
+                }
+            }
+        } else {
+            Ok(())
+        }
+    };
+    for a in args {
+        match a {
+            Arg::Tensor(t) => check(t)?,
+            Arg::Tensors(ts) => ts.iter().flatten().try_for_each(&mut check)?,
+            _ => {}
+        }
+    }
+    Ok(found.unwrap_or(0))
+}
+
+/// Runs a functional operator; its results are fresh storages.
+pub fn run_op(op: &OpDef, args: &[Arg]) -> Result<Vec<Arc<Storage>>> {
+    bump(&METRICS.ops);
+    let device = device_of(op, args)?;
+    let plan = plan(op, args, device)?;
+    let outs = execute(&plan, &op.name, args, device)?;
+    Ok(outs
+        .into_iter()
+        .map(|b| {
+            let nbytes = b.ty.numel() * b.ty.dtype.size() as i64;
+            Storage::new(device, nbytes, Some(b))
+        })
+        .collect())
+}
+
+// ------------------------------------------------------------------ copies
+
+static COPY: LazyLock<OpDef> = LazyLock::new(|| lower::internal("torchtpu::copy", -2));
+static CONTIGUOUS: LazyLock<OpDef> = LazyLock::new(|| lower::internal("torchtpu::contiguous", -3));
+
+/// The view `t` as a contiguous device buffer of its dtype and shape.
+fn contiguous(t: &Tensor, device: usize) -> Result<Arc<DeviceBuffer>> {
+    if let Some(v) = t.storage.and_then(|s| s.value()) {
+        if v.ty.dtype == t.dtype && t.view().is_whole(v.ty.numel()) {
+            return Ok(v);
+        }
+    }
+    let args = [Arg::Tensor(*t), Arg::None];
+    let plan = plan(&CONTIGUOUS, &args, device)?;
+    Ok(execute(&plan, "copy", &args, device)?.remove(0))
+}
+
+/// `dst.copy_(src)` where each is a tpu view or a contiguous host tensor
+/// (host sources arrive in dst's dtype and shape, host destinations in src's).
+pub fn copy(src: &Tensor, dst: &Tensor) -> Result<()> {
+    if dst.numel() == 0 {
+        return Ok(());
+    }
+    match (src.device, dst.device) {
+        (Some(device), None) => {
+            let buf = contiguous(src, device)?;
+            let n = dst.numel() as usize * dst.dtype.size();
+            // SAFETY: the adapter passes a contiguous, writable host tensor of n bytes.
+            let out = unsafe { std::slice::from_raw_parts_mut(dst.host as *mut u8, n) };
+            buf.buf.to_host(out)?;
+            bump(&METRICS.transfers_to_host);
+            Ok(())
+        }
+        (None, Some(device)) => {
+            let storage = dst.storage.ok_or_else(|| Error::runtime("torchtpu: copy into a tensor without storage"))?;
+            let buf = upload(src.host_bytes(), dst.ty(), device)?;
+            if dst.view().is_whole(storage.nbytes / dst.dtype.size() as i64) {
+                storage.set(buf);
+                return Ok(());
+            }
+            let staged = Storage::new(device, buf.ty.numel() * dst.dtype.size() as i64, Some(buf));
+            let strides = crate::view::contiguous_strides(dst.sizes);
+            let src = Tensor { storage: Some(&staged), strides: &strides, offset: 0, device: Some(device), ..*dst };
+            copy_device(&src, dst, device)
+        }
+        (Some(device), Some(_)) => copy_device(src, dst, device),
+        (None, None) => Err(Error::runtime("torchtpu: host-to-host copy reached the tpu runtime")),
+    }
+}
+
+fn copy_device(src: &Tensor, dst: &Tensor, device: usize) -> Result<()> {
+    let storage = dst.storage.ok_or_else(|| Error::runtime("torchtpu: copy into a tensor without storage"))?;
+    let whole = dst.view().is_whole(storage.nbytes / dst.dtype.size() as i64);
+    // Same bytes, whole storages: share the immutable buffer.
+    if let Some(v) = src.storage.and_then(|s| s.value()) {
+        if whole && src.dtype == dst.dtype && src.numel() == dst.numel() && src.view().is_whole(v.ty.numel()) {
+            storage.set(v);
+            return Ok(());
+        }
+    }
+    bump(&METRICS.ops);
+    let args = [Arg::Tensor(*src), Arg::Tensor(*dst)];
+    let plan = plan(&COPY, &args, device)?;
+    let out = execute(&plan, "copy_", &args, device)?.remove(0);
+    storage.set(out);
+    Ok(())
+}
+
+/// A new storage of `nbytes` holding `old`'s bytes (the rest zero).
+pub fn resized(old: &Storage, nbytes: i64) -> Result<Arc<Storage>> {
+    let Some(value) = old.value() else { return Ok(Storage::new(old.device, nbytes, None)) };
+    let dtype = if nbytes % value.ty.dtype.size() as i64 == 0 { value.ty.dtype } else { DType::U8 };
+    let (have, want) = (old.nbytes / dtype.size() as i64, nbytes / dtype.size() as i64);
+    let mut g = crate::ir::Graph::default();
+    let p = g.param(value.ty.clone());
+    let flat = crate::view::flat(&mut g, p, dtype);
+    let kept = g.slice(flat, &[0], &[have.min(want)], &[1]);
+    let zero = g.scalar(0.0, dtype);
+    g.outputs = vec![g.pad(kept, zero, &[0], &[(want - have).max(0)], &[0])];
+    let program = cache::compile(&g, "resize_")?;
+    let rt = runtime::get()?;
+    let out = program.exe.execute(&[&value.buf], rt.device(old.device)?, &[])?.remove(0);
+    bump(&METRICS.executions);
+    Ok(Storage::new(old.device, nbytes, Some(DeviceBuffer::new(out, Ty::new(dtype, &[want])))))
+}

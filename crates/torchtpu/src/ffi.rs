@@ -1,0 +1,187 @@
+//! The `extern "C"` functions the adapter calls (`csrc/ffi.h`). Each one
+//! only converts arguments and errors; panics never cross into C++.
+use std::cell::RefCell;
+use std::ffi::{c_char, c_void, CStr, CString};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+use crate::args::{self, TtArg, TtTensor};
+use crate::error::{Error, Result};
+use crate::storage::Storage;
+use crate::{exec, lower, metrics, runtime};
+
+#[repr(C)]
+pub struct TtSchemaArg {
+    name: *const c_char,
+    ty: *const c_char,
+    is_out: u8,
+}
+
+#[repr(C)]
+pub struct TtResult {
+    storage: *mut c_void,
+    addr: u64,
+    nbytes: i64,
+    sizes: *const i64,
+    ndim: i32,
+    dtype: i32,
+    device: i32,
+}
+
+extern "C" {
+    pub fn tt_adapter_default_seed(device: i32) -> u64;
+}
+
+thread_local! {
+    static LAST_ERROR: RefCell<CString> = RefCell::new(CString::default());
+    /// Results of the last tt_op_run on this thread, and their shapes.
+    static RESULTS: RefCell<(Vec<TtResult>, Vec<Vec<i64>>)> = const { RefCell::new((Vec::new(), Vec::new())) };
+}
+
+/// Runs `f`, turning errors and panics into a status code and a message.
+fn guard(f: impl FnOnce() -> Result<()>) -> i32 {
+    let result = catch_unwind(AssertUnwindSafe(f)).unwrap_or_else(|p| {
+        let msg = p.downcast_ref::<String>().cloned().or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()));
+        Err(Error::runtime(format!("torchtpu internal error: {}", msg.unwrap_or_default())))
+    });
+    match result {
+        Ok(()) => 0,
+        Err(e) => {
+            let kind = e.kind as i32;
+            LAST_ERROR.with(|l| *l.borrow_mut() = CString::new(e.message.replace('\0', " ")).unwrap_or_default());
+            kind
+        }
+    }
+}
+
+unsafe fn str_arg<'a>(p: *const c_char) -> &'a str {
+    if p.is_null() { "" } else { CStr::from_ptr(p).to_str().unwrap_or("") }
+}
+
+#[no_mangle]
+pub extern "C" fn tt_last_error() -> *const c_char {
+    LAST_ERROR.with(|l| l.borrow().as_ptr())
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn tt_storage_new(nbytes: i64, device: i32, storage: *mut *mut c_void, addr: *mut u64) -> i32 {
+    guard(|| {
+        let s = Storage::new(device as usize, nbytes, None);
+        *addr = s.addr;
+        *storage = Storage::into_handle(s);
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn tt_storage_release(storage: *mut c_void) {
+    if !storage.is_null() {
+        Storage::release(storage);
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn tt_storage_resize(
+    old: *mut c_void,
+    nbytes: i64,
+    storage: *mut *mut c_void,
+    addr: *mut u64,
+) -> i32 {
+    guard(|| {
+        let s = exec::resized(Storage::from_handle(old), nbytes)?;
+        *addr = s.addr;
+        *storage = Storage::into_handle(s);
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn tt_op_register(
+    name: *const c_char,
+    overload: *const c_char,
+    args: *const TtSchemaArg,
+    nargs: i64,
+    op: *mut i32,
+) -> i32 {
+    guard(|| {
+        let defs: Vec<lower::ArgDef> = std::slice::from_raw_parts(args, nargs.max(0) as usize)
+            .iter()
+            .map(|a| lower::ArgDef { name: str_arg(a.name).into(), ty: str_arg(a.ty).into(), is_out: a.is_out != 0 })
+            .collect();
+        // In-place: the first argument is written but is not an out= argument.
+        let inplace = !defs.iter().any(|a| a.is_out) && str_arg(name).ends_with('_');
+        *op = lower::register(str_arg(name), str_arg(overload), defs, inplace).unwrap_or(-1);
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn tt_op_run(
+    op: i32,
+    args: *const TtArg,
+    nargs: i64,
+    results: *mut *const TtResult,
+    nresults: *mut i64,
+) -> i32 {
+    guard(|| {
+        let def = lower::get(op)?;
+        let raw = std::slice::from_raw_parts(args, nargs.max(0) as usize);
+        let decoded: Vec<args::Arg> = raw.iter().map(|a| args::decode(a)).collect::<Result<_>>()?;
+        let storages = exec::run_op(def, &decoded)?;
+        RESULTS.with(|r| {
+            let (out, shapes) = &mut *r.borrow_mut();
+            out.clear();
+            shapes.clear();
+            for s in storages {
+                let ty = s.value().expect("fresh result").ty.clone();
+                shapes.push(ty.shape.clone());
+                out.push(TtResult {
+                    storage: std::ptr::null_mut(),
+                    addr: s.addr,
+                    nbytes: s.nbytes,
+                    sizes: std::ptr::null(),
+                    ndim: ty.shape.len() as i32,
+                    dtype: ty.dtype.to_c10(),
+                    device: s.device as i32,
+                });
+                out.last_mut().unwrap().storage = Storage::into_handle(s);
+            }
+            for (o, s) in out.iter_mut().zip(shapes.iter()) {
+                o.sizes = s.as_ptr();
+            }
+            *results = out.as_ptr();
+            *nresults = out.len() as i64;
+        });
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn tt_fallback_count(name: *const c_char) {
+    let name = str_arg(name);
+    if metrics::fallback(name) && std::env::var_os("TORCHTPU_LOG").is_some() {
+        eprintln!("torchtpu: {name} has no tpu lowering; it runs on the CPU (copied there and back)");
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn tt_copy(src: *const TtTensor, dst: *const TtTensor) -> i32 {
+    guard(|| {
+        let (Some(s), Some(d)) = (args::tensor(&*src)?, args::tensor(&*dst)?) else {
+            return Err(Error::runtime("torchtpu: copy of an undefined tensor"));
+        };
+        exec::copy(&s, &d)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn tt_device_count(count: *mut i32) -> i32 {
+    guard(|| {
+        *count = runtime::get()?.device_count() as i32;
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn tt_synchronize(_device: i32) -> i32 {
+    guard(exec::synchronize)
+}

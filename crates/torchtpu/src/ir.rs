@@ -1,0 +1,312 @@
+//! The IR: a typed SSA graph of StableHLO-level operations with static shapes.
+//!
+//! Lowerings build it through the methods of [`Graph`]; `emit` prints it as
+//! StableHLO. Shape rules are checked here, once, so a lowering bug surfaces as
+//! an error naming the operation rather than as an XLA compile failure.
+use crate::dtype::DType;
+
+pub type V = usize;
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Ty {
+    pub dtype: DType,
+    pub shape: Vec<i64>,
+}
+
+impl Ty {
+    pub fn new(dtype: DType, shape: &[i64]) -> Ty {
+        Ty { dtype, shape: shape.to_vec() }
+    }
+    pub fn numel(&self) -> i64 {
+        self.shape.iter().product()
+    }
+    pub fn rank(&self) -> usize {
+        self.shape.len()
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ReduceKind {
+    Sum,
+    Prod,
+    Max,
+    Min,
+    And,
+    Or,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Op {
+    /// Runtime input number n.
+    Param(usize),
+    /// A scalar constant splat to the node's shape: f64 bits for floats, the
+    /// integer itself otherwise.
+    Const(i64),
+    Iota(i64),
+    /// Elementwise StableHLO op with the same type in and out ("stablehlo.add").
+    Elementwise(&'static str),
+    /// Comparison direction (EQ, NE, LT, LE, GT, GE); result is i1.
+    Compare(&'static str),
+    Select,
+    Convert,
+    BitcastConvert,
+    Reshape,
+    Transpose(Vec<i64>),
+    BroadcastInDim(Vec<i64>),
+    Slice { start: Vec<i64>, limit: Vec<i64>, stride: Vec<i64> },
+    Concatenate(i64),
+    Pad { low: Vec<i64>, high: Vec<i64>, interior: Vec<i64> },
+    Reverse(Vec<i64>),
+    Reduce { kind: ReduceKind, dims: Vec<i64> },
+    /// Index of the max (or min) along `dim`, first occurrence, NaN wins.
+    ArgReduce { max: bool, dim: i64 },
+    DotGeneral { lhs_batch: Vec<i64>, rhs_batch: Vec<i64>, lhs_contract: Vec<i64>, rhs_contract: Vec<i64> },
+    /// operand[indices] along `axis`: gathers whole slices (index_select).
+    Take { axis: i64 },
+    /// Adds (or writes) `updates` into `operand` at `indices` along `axis`;
+    /// indices has the updates' leading dimensions' shape.
+    Put { axis: i64, accumulate: bool },
+    /// Random bits from a u64[2] key (the node's type is the bits' type).
+    RngBits,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Node {
+    pub op: Op,
+    pub args: Vec<V>,
+    pub ty: Ty,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Graph {
+    pub nodes: Vec<Node>,
+    pub params: Vec<Ty>,
+    pub outputs: Vec<V>,
+}
+
+/// The broadcast of several shapes, with PyTorch's error message on mismatch.
+pub fn broadcast_all(shapes: &[&[i64]]) -> crate::error::Result<Vec<i64>> {
+    let n = shapes.iter().map(|s| s.len()).max().unwrap_or(0);
+    let mut out = vec![1; n];
+    for s in shapes {
+        for (i, &size) in s.iter().enumerate() {
+            let d = n - s.len() + i;
+            if out[d] == 1 {
+                out[d] = size;
+            } else if size != 1 && size != out[d] {
+                return Err(crate::error::Error::runtime(format!(
+                    "The size of tensor a ({}) must match the size of tensor b ({size}) at non-singleton dimension {d}",
+                    out[d]
+                )));
+            }
+        }
+    }
+    Ok(out)
+}
+
+impl Graph {
+    pub fn ty(&self, v: V) -> &Ty {
+        &self.nodes[v].ty
+    }
+
+    pub fn push(&mut self, op: Op, args: Vec<V>, ty: Ty) -> V {
+        self.nodes.push(Node { op, args, ty });
+        self.nodes.len() - 1
+    }
+
+    pub fn param(&mut self, ty: Ty) -> V {
+        self.params.push(ty.clone());
+        let n = self.params.len() - 1;
+        self.push(Op::Param(n), vec![], ty)
+    }
+
+    /// A constant of `dtype` splat to `shape`.
+    pub fn full(&mut self, value: f64, dtype: DType, shape: &[i64]) -> V {
+        let bits = if dtype.is_float() { value.to_bits() as i64 } else { value as i64 };
+        self.push(Op::Const(bits), vec![], Ty::new(dtype, shape))
+    }
+
+    pub fn scalar(&mut self, value: f64, dtype: DType) -> V {
+        self.full(value, dtype, &[])
+    }
+
+    pub fn iota(&mut self, dtype: DType, shape: &[i64], dim: usize) -> V {
+        self.push(Op::Iota(dim as i64), vec![], Ty::new(dtype, shape))
+    }
+
+    pub fn unary(&mut self, name: &'static str, a: V) -> V {
+        let ty = self.ty(a).clone();
+        self.push(Op::Elementwise(name), vec![a], ty)
+    }
+
+    /// Elementwise op on same-typed operands (broadcast them first).
+    pub fn binary(&mut self, name: &'static str, a: V, b: V) -> V {
+        debug_assert_eq!(self.ty(a), self.ty(b), "{name}");
+        let ty = self.ty(a).clone();
+        self.push(Op::Elementwise(name), vec![a, b], ty)
+    }
+
+    pub fn compare(&mut self, dir: &'static str, a: V, b: V) -> V {
+        let shape = self.ty(a).shape.clone();
+        self.push(Op::Compare(dir), vec![a, b], Ty::new(DType::Bool, &shape))
+    }
+
+    pub fn select(&mut self, pred: V, a: V, b: V) -> V {
+        let ty = self.ty(a).clone();
+        self.push(Op::Select, vec![pred, a, b], ty)
+    }
+
+    pub fn convert(&mut self, a: V, dtype: DType) -> V {
+        if self.ty(a).dtype == dtype {
+            return a;
+        }
+        let shape = self.ty(a).shape.clone();
+        self.push(Op::Convert, vec![a], Ty::new(dtype, &shape))
+    }
+
+    pub fn bitcast(&mut self, a: V, ty: Ty) -> V {
+        self.push(Op::BitcastConvert, vec![a], ty)
+    }
+
+    pub fn reshape(&mut self, a: V, shape: &[i64]) -> V {
+        if self.ty(a).shape == shape {
+            return a;
+        }
+        let dtype = self.ty(a).dtype;
+        self.push(Op::Reshape, vec![a], Ty::new(dtype, shape))
+    }
+
+    pub fn transpose(&mut self, a: V, perm: &[i64]) -> V {
+        if perm.iter().enumerate().all(|(i, &p)| p == i as i64) {
+            return a;
+        }
+        let t = self.ty(a);
+        let shape: Vec<i64> = perm.iter().map(|&p| t.shape[p as usize]).collect();
+        let dtype = t.dtype;
+        self.push(Op::Transpose(perm.to_vec()), vec![a], Ty::new(dtype, &shape))
+    }
+
+    pub fn broadcast_in_dim(&mut self, a: V, shape: &[i64], dims: &[i64]) -> V {
+        if self.ty(a).shape == shape {
+            return a;
+        }
+        let dtype = self.ty(a).dtype;
+        self.push(Op::BroadcastInDim(dims.to_vec()), vec![a], Ty::new(dtype, shape))
+    }
+
+    /// NumPy-style broadcast (align trailing dimensions).
+    pub fn broadcast_to(&mut self, a: V, shape: &[i64]) -> V {
+        let rank = self.ty(a).rank();
+        let dims: Vec<i64> = (0..rank).map(|i| (shape.len() - rank + i) as i64).collect();
+        self.broadcast_in_dim(a, shape, &dims)
+    }
+
+    pub fn slice(&mut self, a: V, start: &[i64], limit: &[i64], stride: &[i64]) -> V {
+        let t = self.ty(a);
+        if start.iter().all(|&s| s == 0) && limit == t.shape.as_slice() && stride.iter().all(|&s| s == 1) {
+            return a;
+        }
+        let shape: Vec<i64> =
+            (0..start.len()).map(|i| ((limit[i] - start[i]).max(0) + stride[i] - 1) / stride[i]).collect();
+        let dtype = t.dtype;
+        let op = Op::Slice { start: start.to_vec(), limit: limit.to_vec(), stride: stride.to_vec() };
+        self.push(op, vec![a], Ty::new(dtype, &shape))
+    }
+
+    /// Slice of `a` along one dimension.
+    pub fn slice_dim(&mut self, a: V, dim: usize, start: i64, limit: i64, stride: i64) -> V {
+        let shape = self.ty(a).shape.clone();
+        let mut s = vec![0; shape.len()];
+        let mut l = shape.clone();
+        let mut st = vec![1; shape.len()];
+        s[dim] = start;
+        l[dim] = limit;
+        st[dim] = stride;
+        self.slice(a, &s, &l, &st)
+    }
+
+    pub fn concatenate(&mut self, parts: &[V], dim: usize) -> V {
+        if parts.len() == 1 {
+            return parts[0];
+        }
+        let mut shape = self.ty(parts[0]).shape.clone();
+        shape[dim] = parts.iter().map(|&p| self.ty(p).shape[dim]).sum();
+        let dtype = self.ty(parts[0]).dtype;
+        self.push(Op::Concatenate(dim as i64), parts.to_vec(), Ty::new(dtype, &shape))
+    }
+
+    pub fn pad(&mut self, a: V, value: V, low: &[i64], high: &[i64], interior: &[i64]) -> V {
+        let t = self.ty(a);
+        let shape: Vec<i64> = (0..t.rank())
+            .map(|i| low[i] + high[i] + t.shape[i] + (t.shape[i] - 1).max(0) * interior[i])
+            .collect();
+        let dtype = t.dtype;
+        let op = Op::Pad { low: low.to_vec(), high: high.to_vec(), interior: interior.to_vec() };
+        self.push(op, vec![a, value], Ty::new(dtype, &shape))
+    }
+
+    pub fn reverse(&mut self, a: V, dims: &[i64]) -> V {
+        let ty = self.ty(a).clone();
+        self.push(Op::Reverse(dims.to_vec()), vec![a], ty)
+    }
+
+    /// Reduces `dims` away (they are removed from the shape).
+    pub fn reduce(&mut self, kind: ReduceKind, a: V, dims: &[usize]) -> V {
+        if dims.is_empty() {
+            return a;
+        }
+        let t = self.ty(a);
+        let shape: Vec<i64> =
+            t.shape.iter().enumerate().filter(|(i, _)| !dims.contains(i)).map(|(_, &s)| s).collect();
+        let dtype = t.dtype;
+        let dims = dims.iter().map(|&d| d as i64).collect();
+        self.push(Op::Reduce { kind, dims }, vec![a], Ty::new(dtype, &shape))
+    }
+
+    /// i64 index of the max/min along `dim` (removed from the shape).
+    pub fn arg_reduce(&mut self, a: V, dim: usize, max: bool) -> V {
+        let mut shape = self.ty(a).shape.clone();
+        shape.remove(dim);
+        self.push(Op::ArgReduce { max, dim: dim as i64 }, vec![a], Ty::new(DType::I64, &shape))
+    }
+
+    /// Batched matmul: lhs [b.., m, k] · rhs [b.., k, n] -> [b.., m, n].
+    pub fn matmul(&mut self, lhs: V, rhs: V) -> V {
+        let (l, r) = (self.ty(lhs).clone(), self.ty(rhs).clone());
+        let nb = l.rank() - 2;
+        let batch: Vec<i64> = (0..nb as i64).collect();
+        let mut shape = l.shape[..nb].to_vec();
+        shape.push(l.shape[nb]);
+        shape.push(r.shape[nb + 1]);
+        let op = Op::DotGeneral {
+            lhs_batch: batch.clone(),
+            rhs_batch: batch,
+            lhs_contract: vec![nb as i64 + 1],
+            rhs_contract: vec![nb as i64],
+        };
+        self.push(op, vec![lhs, rhs], Ty::new(l.dtype, &shape))
+    }
+
+    /// Slices of `a` along `axis` picked by integer `indices` (any shape):
+    /// result shape is a.shape[..axis] + indices.shape + a.shape[axis+1..].
+    pub fn take(&mut self, a: V, indices: V, axis: usize) -> V {
+        let t = self.ty(a);
+        let mut shape = t.shape[..axis].to_vec();
+        shape.extend(&self.ty(indices).shape);
+        shape.extend(&t.shape[axis + 1..]);
+        let dtype = t.dtype;
+        self.push(Op::Take { axis: axis as i64 }, vec![a, indices], Ty::new(dtype, &shape))
+    }
+
+    /// The inverse of `take`: scatters `updates` (shape as `take` would
+    /// produce) into `a` at `indices` along `axis`, adding or overwriting.
+    pub fn put(&mut self, a: V, indices: V, updates: V, axis: usize, accumulate: bool) -> V {
+        let ty = self.ty(a).clone();
+        self.push(Op::Put { axis: axis as i64, accumulate }, vec![a, indices, updates], ty)
+    }
+
+    /// Uniformly random bits of `dtype` (u32 or u64 shaped) from a u64[2] key.
+    pub fn rng_bits(&mut self, key: V, ty: Ty) -> V {
+        self.push(Op::RngBits, vec![key], ty)
+    }
+}

@@ -1,0 +1,20 @@
+//! torchtpu's core: ATen operators lowered to StableHLO and run through PJRT.
+//!
+//! Layers (see docs/ARCHITECTURE.md): the C++ adapter (`csrc/`) calls [`ffi`];
+//! operators are looked up in the [`lower`] table, built as [`ir`] graphs,
+//! printed by [`emit`], compiled once by [`cache`] and run by [`exec`] on the
+//! [`runtime`]'s PJRT client. Tensors' bytes live in [`storage`].
+pub mod args;
+pub mod cache;
+pub mod dtype;
+pub mod emit;
+pub mod error;
+pub mod exec;
+pub mod ffi;
+pub mod ir;
+pub mod lower;
+pub mod metrics;
+mod python;
+pub mod runtime;
+pub mod storage;
+pub mod view;

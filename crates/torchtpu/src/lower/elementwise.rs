@@ -1,0 +1,413 @@
+//! Elementwise operators: arithmetic, comparisons, logic, unary math.
+//!
+//! Shared rules live in the helpers: operands are promoted with
+//! `at::result_type`, broadcast together, and float16/bfloat16 are computed
+//! in float32 and rounded once, as PyTorch's CPU kernels do.
+use super::{op, Cx, Entry, Operand};
+use crate::dtype::{can_cast, DType, DEFAULT_FLOAT};
+use crate::error::{Error, Result};
+use crate::ir::V;
+
+pub static ENTRIES: &[Entry] = &[
+    op("add", |cx| add_sub(cx, "stablehlo.add")),
+    op("sub", |cx| add_sub(cx, "stablehlo.subtract")),
+    op("rsub", rsub),
+    op("mul", |cx| arith(cx, "stablehlo.multiply")),
+    op("div", div),
+    op("remainder", remainder),
+    op("fmod", |cx| arith(cx, "stablehlo.remainder")),
+    op("maximum", |cx| arith(cx, "stablehlo.maximum")),
+    op("minimum", |cx| arith(cx, "stablehlo.minimum")),
+    op("pow", pow),
+    op("atan2", |cx| float_binary(cx, "stablehlo.atan2")),
+    op("eq", |cx| compare(cx, "EQ")),
+    op("ne", |cx| compare(cx, "NE")),
+    op("lt", |cx| compare(cx, "LT")),
+    op("le", |cx| compare(cx, "LE")),
+    op("gt", |cx| compare(cx, "GT")),
+    op("ge", |cx| compare(cx, "GE")),
+    op("logical_and", |cx| logical(cx, "stablehlo.and")),
+    op("logical_or", |cx| logical(cx, "stablehlo.or")),
+    op("logical_xor", |cx| logical(cx, "stablehlo.xor")),
+    op("logical_not", logical_not),
+    op("bitwise_and", |cx| bitwise(cx, "stablehlo.and")),
+    op("bitwise_or", |cx| bitwise(cx, "stablehlo.or")),
+    op("bitwise_xor", |cx| bitwise(cx, "stablehlo.xor")),
+    op("bitwise_not", bitwise_not),
+    op("neg", |cx| same_unary(cx, "stablehlo.negate")),
+    op("abs", |cx| same_unary(cx, "stablehlo.abs")),
+    op("sign", |cx| same_unary(cx, "stablehlo.sign")),
+    op("floor", |cx| same_unary(cx, "stablehlo.floor")),
+    op("ceil", |cx| same_unary(cx, "stablehlo.ceil")),
+    op("round", round),
+    op("trunc", trunc),
+    op("exp", |cx| float_unary(cx, "stablehlo.exponential")),
+    op("expm1", |cx| float_unary(cx, "stablehlo.exponential_minus_one")),
+    op("log", |cx| float_unary(cx, "stablehlo.log")),
+    op("log1p", |cx| float_unary(cx, "stablehlo.log_plus_one")),
+    op("log2", |cx| log_base(cx, std::f64::consts::LN_2)),
+    op("log10", |cx| log_base(cx, std::f64::consts::LN_10)),
+    op("sqrt", |cx| float_unary(cx, "stablehlo.sqrt")),
+    op("rsqrt", |cx| float_unary(cx, "stablehlo.rsqrt")),
+    op("tanh", |cx| float_unary(cx, "stablehlo.tanh")),
+    op("sigmoid", |cx| float_unary(cx, "stablehlo.logistic")),
+    op("sin", |cx| float_unary(cx, "stablehlo.sine")),
+    op("cos", |cx| float_unary(cx, "stablehlo.cosine")),
+    op("tan", |cx| float_unary(cx, "stablehlo.tan")),
+    op("erf", |cx| float_unary(cx, "chlo.erf")),
+    op("reciprocal", reciprocal),
+    op("where", where_),
+    op("clamp", clamp),
+    op("clamp_min", clamp),
+    op("clamp_max", clamp),
+    op("masked_fill", masked_fill),
+    op("lerp", lerp),
+    op("addcmul", |cx| addc(cx, "stablehlo.multiply")),
+    op("addcdiv", |cx| addc(cx, "stablehlo.divide")),
+    op("isnan", isnan),
+];
+
+/// float16/bfloat16 are computed in float32 (PyTorch's "opmath" type).
+pub fn opmath(dtype: DType) -> DType {
+    if matches!(dtype, DType::F16 | DType::BF16) { DType::F32 } else { dtype }
+}
+
+/// Operands promoted to their common compute type: (values, result dtype).
+fn promoted(cx: &mut Cx, names: &[&str]) -> Result<(Vec<V>, DType)> {
+    let ops: Vec<Operand> = names.iter().map(|n| cx.operand(n)).collect::<Result<_>>()?;
+    let dtype = cx.result_type(&ops);
+    Ok((cx.promote_to(&ops, opmath(dtype))?, dtype))
+}
+
+fn finish(cx: &mut Cx, v: V, dtype: DType) -> Result<Vec<V>> {
+    Ok(vec![cx.g.convert(v, dtype)])
+}
+
+fn arith(cx: &mut Cx, name: &'static str) -> Result<Vec<V>> {
+    let (v, dtype) = promoted(cx, &["self", "other"])?;
+    let name = match (dtype, name) {
+        (DType::Bool, "stablehlo.multiply") => "stablehlo.and",
+        (DType::Bool, "stablehlo.maximum") => "stablehlo.or",
+        (DType::Bool, "stablehlo.minimum") => "stablehlo.and",
+        _ => name,
+    };
+    let r = cx.g.binary(name, v[0], v[1]);
+    finish(cx, r, dtype)
+}
+
+/// `self ± alpha * other`.
+fn add_sub(cx: &mut Cx, name: &'static str) -> Result<Vec<V>> {
+    let (v, dtype) = promoted(cx, &["self", "other"])?;
+    if dtype == DType::Bool && name == "stablehlo.subtract" {
+        return Err(Error::runtime(
+            "Subtraction, the `-` operator, with two bool tensors is not supported. Use the `^` or `logical_xor()` operator instead.",
+        ));
+    }
+    let shape = cx.g.ty(v[0]).shape.clone();
+    let mut other = v[1];
+    if cx.has("alpha") {
+        if let Some(alpha) = cx.scalar_like("alpha", opmath(dtype), &shape)? {
+            let mul = if dtype == DType::Bool { "stablehlo.and" } else { "stablehlo.multiply" };
+            other = cx.g.binary(mul, other, alpha);
+        }
+    }
+    let name = if dtype == DType::Bool { "stablehlo.or" } else { name };
+    let r = cx.g.binary(name, v[0], other);
+    finish(cx, r, dtype)
+}
+
+/// `other - alpha * self`.
+fn rsub(cx: &mut Cx) -> Result<Vec<V>> {
+    let (v, dtype) = promoted(cx, &["self", "other"])?;
+    let shape = cx.g.ty(v[0]).shape.clone();
+    let mut s = v[0];
+    if let Some(alpha) = cx.scalar_like("alpha", opmath(dtype), &shape)? {
+        s = cx.g.binary("stablehlo.multiply", s, alpha);
+    }
+    let r = cx.g.binary("stablehlo.subtract", v[1], s);
+    finish(cx, r, dtype)
+}
+
+fn div(cx: &mut Cx) -> Result<Vec<V>> {
+    let mode = if cx.has("rounding_mode") && !cx.is_none("rounding_mode") { Some(cx.str("rounding_mode")?) } else { None };
+    let ops = [cx.operand("self")?, cx.operand("other")?];
+    let common = cx.result_type(&ops);
+    let dtype = if mode.is_none() && !common.is_float() { DEFAULT_FLOAT } else { common };
+    let v = cx.promote_to(&ops, opmath(dtype))?;
+    let q = cx.g.binary("stablehlo.divide", v[0], v[1]);
+    let r = match mode {
+        None => q,
+        Some("trunc") if dtype.is_float() => trunc_value(cx, q),
+        Some("trunc") => q,
+        Some("floor") if dtype.is_float() => cx.g.unary("stablehlo.floor", q),
+        Some("floor") => floor_div_int(cx, v[0], v[1], q),
+        Some(other) => {
+            return Err(Error::runtime(format!(
+                "div expected rounding_mode to be one of None, 'trunc', or 'floor' but found '{other}'"
+            )))
+        }
+    };
+    finish(cx, r, dtype)
+}
+
+/// Integer floor division from the truncating quotient.
+fn floor_div_int(cx: &mut Cx, a: V, b: V, q: V) -> V {
+    let ty = cx.g.ty(a).clone();
+    let zero = cx.g.full(0.0, ty.dtype, &ty.shape);
+    let one = cx.g.full(1.0, ty.dtype, &ty.shape);
+    let rem = cx.g.binary("stablehlo.remainder", a, b);
+    let inexact = cx.g.compare("NE", rem, zero);
+    let a_neg = cx.g.compare("LT", a, zero);
+    let b_neg = cx.g.compare("LT", b, zero);
+    let signs = cx.g.compare("NE", a_neg, b_neg);
+    let fix = cx.g.binary("stablehlo.and", inexact, signs);
+    let down = cx.g.binary("stablehlo.subtract", q, one);
+    cx.g.select(fix, down, q)
+}
+
+/// Python's modulo: the result takes the divisor's sign.
+fn remainder(cx: &mut Cx) -> Result<Vec<V>> {
+    let (v, dtype) = promoted(cx, &["self", "other"])?;
+    let ty = cx.g.ty(v[0]).clone();
+    let rem = cx.g.binary("stablehlo.remainder", v[0], v[1]);
+    let zero = cx.g.full(0.0, ty.dtype, &ty.shape);
+    let nonzero = cx.g.compare("NE", rem, zero);
+    let rem_neg = cx.g.compare("LT", rem, zero);
+    let div_neg = cx.g.compare("LT", v[1], zero);
+    let differ = cx.g.compare("NE", rem_neg, div_neg);
+    let fix = cx.g.binary("stablehlo.and", nonzero, differ);
+    let shifted = cx.g.binary("stablehlo.add", rem, v[1]);
+    let r = cx.g.select(fix, shifted, rem);
+    finish(cx, r, dtype)
+}
+
+fn pow(cx: &mut Cx) -> Result<Vec<V>> {
+    let (v, dtype) = promoted(cx, &["self", "exponent"])?;
+    let r = cx.g.binary("stablehlo.power", v[0], v[1]);
+    finish(cx, r, dtype)
+}
+
+/// Binary op whose integer inputs produce the default float dtype.
+fn float_binary(cx: &mut Cx, name: &'static str) -> Result<Vec<V>> {
+    let ops = [cx.operand("self")?, cx.operand("other")?];
+    let common = cx.result_type(&ops);
+    let dtype = if common.is_float() { common } else { DEFAULT_FLOAT };
+    let v = cx.promote_to(&ops, opmath(dtype))?;
+    let r = cx.g.binary(name, v[0], v[1]);
+    finish(cx, r, dtype)
+}
+
+fn compare(cx: &mut Cx, dir: &'static str) -> Result<Vec<V>> {
+    let (v, _) = promoted(cx, &["self", "other"])?;
+    Ok(vec![cx.g.compare(dir, v[0], v[1])])
+}
+
+fn to_bool(cx: &mut Cx, o: Operand) -> V {
+    if o.dtype == DType::Bool {
+        return o.v;
+    }
+    let ty = cx.g.ty(o.v).clone();
+    let zero = cx.g.full(0.0, ty.dtype, &ty.shape);
+    cx.g.compare("NE", o.v, zero)
+}
+
+fn logical(cx: &mut Cx, name: &'static str) -> Result<Vec<V>> {
+    let a = cx.operand("self")?;
+    let b = cx.operand("other")?;
+    let (a, b) = (to_bool(cx, a), to_bool(cx, b));
+    let shapes = [cx.g.ty(a).shape.clone(), cx.g.ty(b).shape.clone()];
+    let shape = crate::ir::broadcast_all(&[&shapes[0], &shapes[1]])?;
+    let (a, b) = (cx.g.broadcast_to(a, &shape), cx.g.broadcast_to(b, &shape));
+    Ok(vec![cx.g.binary(name, a, b)])
+}
+
+fn logical_not(cx: &mut Cx) -> Result<Vec<V>> {
+    let a = cx.operand("self")?;
+    let b = to_bool(cx, a);
+    Ok(vec![cx.g.unary("stablehlo.not", b)])
+}
+
+fn bitwise(cx: &mut Cx, name: &'static str) -> Result<Vec<V>> {
+    let (v, dtype) = promoted(cx, &["self", "other"])?;
+    if dtype.is_float() {
+        return Err(Error::runtime(format!("\"{}_cpu\" not implemented for '{}'", cx.op.name.trim_start_matches("aten::"), dtype.torch_name())));
+    }
+    Ok(vec![cx.g.binary(name, v[0], v[1])])
+}
+
+fn bitwise_not(cx: &mut Cx) -> Result<Vec<V>> {
+    let x = cx.tensor("self")?;
+    Ok(vec![cx.g.unary("stablehlo.not", x)])
+}
+
+fn same_unary(cx: &mut Cx, name: &'static str) -> Result<Vec<V>> {
+    let t = cx.meta("self")?;
+    let x = cx.tensor("self")?;
+    if t.dtype == DType::Bool && name != "stablehlo.abs" {
+        return Ok(vec![x]);
+    }
+    if !t.dtype.is_float() && matches!(name, "stablehlo.floor" | "stablehlo.ceil") {
+        return Ok(vec![x]);
+    }
+    let x = cx.g.convert(x, opmath(t.dtype));
+    let r = cx.g.unary(name, x);
+    finish(cx, r, t.dtype)
+}
+
+/// Unary math: integer inputs produce the default float dtype.
+pub fn float_unary(cx: &mut Cx, name: &'static str) -> Result<Vec<V>> {
+    let t = cx.meta("self")?;
+    let dtype = if t.dtype.is_float() { t.dtype } else { DEFAULT_FLOAT };
+    let x = cx.tensor("self")?;
+    let x = cx.g.convert(x, opmath(dtype));
+    let r = cx.g.unary(name, x);
+    finish(cx, r, dtype)
+}
+
+fn log_base(cx: &mut Cx, ln_base: f64) -> Result<Vec<V>> {
+    let t = cx.meta("self")?;
+    let dtype = if t.dtype.is_float() { t.dtype } else { DEFAULT_FLOAT };
+    let x = cx.tensor("self")?;
+    let x = cx.g.convert(x, opmath(dtype));
+    let l = cx.g.unary("stablehlo.log", x);
+    let ty = cx.g.ty(l).clone();
+    let c = cx.g.full(ln_base, ty.dtype, &ty.shape);
+    let r = cx.g.binary("stablehlo.divide", l, c);
+    finish(cx, r, dtype)
+}
+
+fn reciprocal(cx: &mut Cx) -> Result<Vec<V>> {
+    let t = cx.meta("self")?;
+    let dtype = if t.dtype.is_float() { t.dtype } else { DEFAULT_FLOAT };
+    let x = cx.tensor("self")?;
+    let x = cx.g.convert(x, opmath(dtype));
+    let one = cx.g.full(1.0, opmath(dtype), t.sizes);
+    let r = cx.g.binary("stablehlo.divide", one, x);
+    finish(cx, r, dtype)
+}
+
+fn trunc_value(cx: &mut Cx, x: V) -> V {
+    let ty = cx.g.ty(x).clone();
+    let zero = cx.g.full(0.0, ty.dtype, &ty.shape);
+    let neg = cx.g.compare("LT", x, zero);
+    let up = cx.g.unary("stablehlo.ceil", x);
+    let down = cx.g.unary("stablehlo.floor", x);
+    cx.g.select(neg, up, down)
+}
+
+fn trunc(cx: &mut Cx) -> Result<Vec<V>> {
+    let t = cx.meta("self")?;
+    let x = cx.tensor("self")?;
+    if !t.dtype.is_float() {
+        return Ok(vec![x]);
+    }
+    let x = cx.g.convert(x, opmath(t.dtype));
+    let r = trunc_value(cx, x);
+    finish(cx, r, t.dtype)
+}
+
+fn round(cx: &mut Cx) -> Result<Vec<V>> {
+    let t = cx.meta("self")?;
+    let x = cx.tensor("self")?;
+    if !t.dtype.is_float() {
+        return Ok(vec![x]);
+    }
+    let x = cx.g.convert(x, opmath(t.dtype));
+    let decimals = if cx.has("decimals") { cx.int("decimals")? } else { 0 };
+    let r = if decimals == 0 {
+        cx.g.unary("stablehlo.round_nearest_even", x)
+    } else {
+        let ty = cx.g.ty(x).clone();
+        let scale = cx.g.full(10f64.powi(decimals.abs() as i32), ty.dtype, &ty.shape);
+        let (up, down) = if decimals > 0 { ("stablehlo.multiply", "stablehlo.divide") } else { ("stablehlo.divide", "stablehlo.multiply") };
+        let s = cx.g.binary(up, x, scale);
+        let s = cx.g.unary("stablehlo.round_nearest_even", s);
+        cx.g.binary(down, s, scale)
+    };
+    finish(cx, r, t.dtype)
+}
+
+fn where_(cx: &mut Cx) -> Result<Vec<V>> {
+    let cond = cx.operand("condition")?;
+    let cond = to_bool(cx, cond);
+    let (v, dtype) = promoted(cx, &["self", "other"])?;
+    let shapes = [cx.g.ty(cond).shape.clone(), cx.g.ty(v[0]).shape.clone()];
+    let shape = crate::ir::broadcast_all(&[&shapes[0], &shapes[1]])?;
+    let c = cx.g.broadcast_to(cond, &shape);
+    let (a, b) = (cx.g.broadcast_to(v[0], &shape), cx.g.broadcast_to(v[1], &shape));
+    let r = cx.g.select(c, a, b);
+    finish(cx, r, dtype)
+}
+
+/// clamp, clamp_min and clamp_max (scalar or tensor bounds).
+fn clamp(cx: &mut Cx) -> Result<Vec<V>> {
+    let bounds: Vec<&str> = ["min", "max"].into_iter().filter(|n| cx.has(n) && !cx.is_none(n)).collect();
+    if bounds.is_empty() {
+        return Err(Error::runtime("torch.clamp: At least one of 'min' or 'max' must not be None"));
+    }
+    let mut names = vec!["self"];
+    names.extend(&bounds);
+    let (v, dtype) = promoted(cx, &names)?;
+    let mut r = v[0];
+    for (i, b) in bounds.iter().enumerate() {
+        let op = if *b == "min" { "stablehlo.maximum" } else { "stablehlo.minimum" };
+        r = cx.g.binary(op, r, v[i + 1]);
+    }
+    finish(cx, r, dtype)
+}
+
+fn masked_fill(cx: &mut Cx) -> Result<Vec<V>> {
+    let t = cx.meta("self")?;
+    let x = cx.tensor("self")?;
+    let mask = cx.tensor("mask")?;
+    let value = cx.operand("value")?;
+    if !can_cast(value.dtype, t.dtype) && !(value.dtype.is_float() && t.dtype.is_int()) {
+        return Err(Error::runtime(format!("value cannot be converted to type {} without overflow", t.dtype.torch_name())));
+    }
+    let shape = cx.g.ty(x).shape.clone();
+    let mask = cx.g.broadcast_to(mask, &shape);
+    let fill = cx.g.convert(value.v, t.dtype);
+    let fill = cx.g.broadcast_in_dim(fill, &shape, &[]);
+    Ok(vec![cx.g.select(mask, fill, x)])
+}
+
+/// PyTorch's lerp: `weight < 0.5 ? self + w*(end-self) : end - (end-self)*(1-w)`.
+fn lerp(cx: &mut Cx) -> Result<Vec<V>> {
+    let (v, dtype) = promoted(cx, &["self", "end", "weight"])?;
+    let (a, b, w) = (v[0], v[1], v[2]);
+    let ty = cx.g.ty(a).clone();
+    let half = cx.g.full(0.5, ty.dtype, &ty.shape);
+    let one = cx.g.full(1.0, ty.dtype, &ty.shape);
+    let diff = cx.g.binary("stablehlo.subtract", b, a);
+    let small = cx.g.compare("LT", w, half);
+    let wd = cx.g.binary("stablehlo.multiply", w, diff);
+    let lo = cx.g.binary("stablehlo.add", a, wd);
+    let omw = cx.g.binary("stablehlo.subtract", one, w);
+    let dw = cx.g.binary("stablehlo.multiply", diff, omw);
+    let hi = cx.g.binary("stablehlo.subtract", b, dw);
+    let r = cx.g.select(small, lo, hi);
+    finish(cx, r, dtype)
+}
+
+/// `self + value * (tensor1 op tensor2)`.
+fn addc(cx: &mut Cx, name: &'static str) -> Result<Vec<V>> {
+    let (v, dtype) = promoted(cx, &["self", "tensor1", "tensor2"])?;
+    if name == "stablehlo.divide" && !dtype.is_float() {
+        return Err(Error::runtime(
+            "Integer division with addcdiv is no longer supported, and in a future release addcdiv will perform a true division of tensor1 and tensor2. The historic addcdiv behavior can be implemented as (input + value * torch.trunc(tensor1 / tensor2)).to(input.dtype) for integer inputs and as (input + value * tensor1 / tensor2) for float inputs. The future addcdiv behavior is just the latter implementation: (input + value * tensor1 / tensor2), for all dtypes.",
+        ));
+    }
+    let shape = cx.g.ty(v[0]).shape.clone();
+    let mut t1 = v[1];
+    if let Some(value) = cx.scalar_like("value", opmath(dtype), &shape)? {
+        t1 = cx.g.binary("stablehlo.multiply", value, t1);
+    }
+    let t = cx.g.binary(name, t1, v[2]);
+    let r = cx.g.binary("stablehlo.add", v[0], t);
+    finish(cx, r, dtype)
+}
+
+fn isnan(cx: &mut Cx) -> Result<Vec<V>> {
+    let x = cx.tensor("self")?;
+    Ok(vec![cx.g.compare("NE", x, x)])
+}

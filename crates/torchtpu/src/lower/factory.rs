@@ -1,0 +1,51 @@
+//! Factories and fills: `fill_`/`zero_` (behind zeros/ones/full), `arange`.
+use super::{op_consts, op, Cx, Entry};
+use crate::error::{Error, Result};
+use crate::ir::V;
+
+pub static ENTRIES: &[Entry] = &[
+    op("fill", fill),
+    op("zero", zero),
+    op_consts("arange", arange, &["start", "end", "step"]),
+];
+
+fn fill(cx: &mut Cx) -> Result<Vec<V>> {
+    let t = cx.meta("self")?;
+    let v = cx.operand("value")?;
+    if cx.g.ty(v.v).rank() != 0 {
+        return Err(Error::runtime(format!(
+            "fill_ only supports 0-dimension value tensor but got tensor with {} dimensions.",
+            cx.g.ty(v.v).rank()
+        )));
+    }
+    let x = cx.g.convert(v.v, t.dtype);
+    Ok(vec![cx.g.broadcast_in_dim(x, t.sizes, &[])])
+}
+
+fn zero(cx: &mut Cx) -> Result<Vec<V>> {
+    let t = cx.meta("self")?;
+    Ok(vec![cx.g.full(0.0, t.dtype, t.sizes)])
+}
+
+/// `start + i * step`, computed like PyTorch's CPU kernel (in double for
+/// floating outputs) and sized from the preallocated `out`.
+fn arange(cx: &mut Cx) -> Result<Vec<V>> {
+    let out = cx.meta("out")?;
+    let start = if cx.has("start") { cx.const_f64("start")? } else { 0.0 };
+    let end = cx.const_f64("end")?;
+    let step = if cx.has("step") { cx.const_f64("step")? } else { 1.0 };
+    if step == 0.0 {
+        return Err(Error::runtime("step must be nonzero"));
+    }
+    if !(step > 0.0 && end >= start || step < 0.0 && end <= start) {
+        return Err(Error::runtime("upper bound and larger bound inconsistent with step sign"));
+    }
+    let n = ((end - start) / step).ceil() as i64;
+    let acc = if out.dtype.is_float() { crate::dtype::DType::F64 } else { crate::dtype::DType::I64 };
+    let i = cx.g.iota(acc, &[n], 0);
+    let s = cx.g.full(step, acc, &[n]);
+    let b = cx.g.full(start, acc, &[n]);
+    let r = cx.g.binary("stablehlo.multiply", i, s);
+    let r = cx.g.binary("stablehlo.add", r, b);
+    Ok(vec![cx.g.convert(r, out.dtype)])
+}

@@ -1,0 +1,440 @@
+//! ATen operators to IR: the op table and the context lowerings are written
+//! against.
+//!
+//! Only functional operators are lowered. The adapter derives the in-place
+//! (`add_`) and `out=` (`add.out`) overloads from the schema: they reach the
+//! same lowering by base name, and their result is written into the mutated
+//! argument afterwards. Arguments are found by their schema names, which are
+//! shared by an operator's overloads.
+use std::sync::RwLock;
+
+use crate::args::{Arg, Tensor};
+use crate::dtype::{result_type, DType, Priority};
+use crate::error::{Error, Result};
+use crate::ir::{Graph, Ty, V};
+use crate::storage::Storage;
+use crate::view;
+
+mod elementwise;
+mod factory;
+mod index;
+mod linalg;
+mod nn;
+mod random;
+mod reduce;
+mod shape;
+
+pub type Lowering = fn(&mut Cx) -> Result<Vec<V>>;
+
+/// One table row: the base name of an ATen operator and its lowering.
+pub struct Entry {
+    pub name: &'static str,
+    pub lower: Lowering,
+    /// `Scalar`/`float` arguments this lowering needs as compile-time
+    /// constants (shape-determining ones); all others are runtime operands.
+    pub consts: &'static [&'static str],
+}
+
+pub const fn op(name: &'static str, lower: Lowering) -> Entry {
+    Entry { name, lower, consts: &[] }
+}
+
+pub const fn op_consts(name: &'static str, lower: Lowering, consts: &'static [&'static str]) -> Entry {
+    Entry { name, lower, consts }
+}
+
+fn table() -> impl Iterator<Item = &'static Entry> {
+    [
+        elementwise::ENTRIES,
+        factory::ENTRIES,
+        index::ENTRIES,
+        linalg::ENTRIES,
+        nn::ENTRIES,
+        random::ENTRIES,
+        reduce::ENTRIES,
+        shape::ENTRIES,
+        COPY_ENTRIES,
+    ]
+    .into_iter()
+    .flatten()
+}
+
+pub struct ArgDef {
+    pub name: String,
+    pub ty: String,
+    pub is_out: bool,
+}
+
+/// A registered operator overload.
+pub struct OpDef {
+    pub id: i32,
+    /// `aten::add.out`
+    pub name: String,
+    pub entry: &'static Entry,
+    pub args: Vec<ArgDef>,
+}
+
+impl OpDef {
+    /// Whether argument `i` is a runtime operand (its value is not part of
+    /// the compiled program).
+    pub fn is_runtime(&self, i: usize) -> bool {
+        let a = &self.args[i];
+        matches!(a.ty.as_str(), "Scalar" | "Scalar?" | "float" | "float?") && !self.entry.consts.contains(&a.name.as_str())
+    }
+}
+
+static OPS: RwLock<Vec<&'static OpDef>> = RwLock::new(Vec::new());
+
+/// Registers an overload; None when nothing lowers it (CPU fallback).
+pub fn register(name: &str, overload: &str, args: Vec<ArgDef>, inplace: bool) -> Option<i32> {
+    let base = name.strip_prefix("aten::")?;
+    let base = if inplace { base.strip_suffix('_').unwrap_or(base) } else { base };
+    let entry = table().find(|e| e.name == base)?;
+    let mut ops = OPS.write().unwrap();
+    let id = ops.len() as i32;
+    let full = if overload.is_empty() { name.to_string() } else { format!("{name}.{overload}") };
+    ops.push(Box::leak(Box::new(OpDef { id, name: full, entry, args })));
+    Some(id)
+}
+
+pub fn get(id: i32) -> Result<&'static OpDef> {
+    OPS.read().unwrap().get(id as usize).copied().ok_or_else(|| Error::runtime(format!("unknown op id {id}")))
+}
+
+/// Internal operators of the runtime itself (copies between views).
+pub static COPY_ENTRIES: &[Entry] = &[op("torchtpu::copy", copy_into), op("torchtpu::contiguous", contiguous)];
+
+/// Writes `src` (converted and broadcast) into the view `dst`; the result is
+/// the next value of dst's storage.
+fn copy_into(cx: &mut Cx) -> Result<Vec<V>> {
+    let dst = cx.meta("dst")?;
+    let src = cx.tensor("src")?;
+    let src = cx.g.convert(src, dst.dtype);
+    let src = cx.g.broadcast_to(src, dst.sizes);
+    Ok(vec![cx.write_view("dst", src)?])
+}
+
+fn contiguous(cx: &mut Cx) -> Result<Vec<V>> {
+    Ok(vec![cx.tensor("src")?])
+}
+
+pub fn internal(name: &str, id: i32) -> OpDef {
+    let arg = |n: &str| ArgDef { name: n.into(), ty: "Tensor".into(), is_out: false };
+    let entry = COPY_ENTRIES.iter().find(|e| e.name == name).expect("internal op");
+    OpDef { id, name: name.into(), entry, args: vec![arg("src"), arg("dst")] }
+}
+
+/// Where a compiled program's runtime input comes from.
+#[derive(Clone, Debug)]
+pub enum Input {
+    /// The value of a tensor argument's storage (`item` indexes tensor lists).
+    Storage { arg: usize, item: usize },
+    /// A CPU zero-dimensional tensor's value.
+    Host { arg: usize, item: usize },
+    /// A `Scalar`/`float` argument, carried as `dtype` (i64, f64 or bool).
+    Scalar { arg: usize, dtype: DType },
+    /// A u64[2] random key: drawn from the `Generator?` argument, or from
+    /// the default generator when `arg` is None.
+    Seed { arg: Option<usize> },
+}
+
+/// A value taking part in type promotion.
+#[derive(Clone, Copy, Debug)]
+pub struct Operand {
+    pub v: V,
+    pub dtype: DType,
+    pub priority: Priority,
+}
+
+/// The lowering context of one operator call.
+pub struct Cx<'a> {
+    pub g: Graph,
+    pub op: &'a OpDef,
+    args: &'a [Arg<'a>],
+    pub inputs: Vec<Input>,
+    pub device: usize,
+    /// Boolean outputs that, when true, raise IndexError with the message.
+    pub checks: Vec<(V, String)>,
+    storages: Vec<(*const Storage, V)>,
+}
+
+impl<'a> Cx<'a> {
+    pub fn new(op: &'a OpDef, args: &'a [Arg<'a>], device: usize) -> Cx<'a> {
+        Cx { g: Graph::default(), op, args, inputs: Vec::new(), device, checks: Vec::new(), storages: Vec::new() }
+    }
+
+    fn index(&self, name: &str) -> Result<usize> {
+        self.op
+            .args
+            .iter()
+            .position(|a| a.name == name)
+            .ok_or_else(|| Error::runtime(format!("torchtpu: {} has no argument '{name}'", self.op.name)))
+    }
+
+    pub fn has(&self, name: &str) -> bool {
+        self.index(name).is_ok()
+    }
+
+    pub fn arg(&self, name: &str) -> Result<&'a Arg<'a>> {
+        Ok(&self.args[self.index(name)?])
+    }
+
+    pub fn is_none(&self, name: &str) -> bool {
+        self.arg(name).map_or(true, |a| matches!(a, Arg::None))
+    }
+
+    fn bad(&self, name: &str, what: &str) -> Error {
+        Error::runtime(format!("torchtpu: {}: argument '{name}' is not {what}", self.op.name))
+    }
+
+    /// Metadata of a tensor argument, without reading it.
+    pub fn meta(&self, name: &str) -> Result<Tensor<'a>> {
+        match self.arg(name)? {
+            Arg::Tensor(t) => Ok(*t),
+            _ => Err(self.bad(name, "a tensor")),
+        }
+    }
+
+    pub fn int(&self, name: &str) -> Result<i64> {
+        match self.arg(name)? {
+            Arg::Int(i) => Ok(*i),
+            Arg::Bool(b) => Ok(*b as i64),
+            _ => Err(self.bad(name, "an int")),
+        }
+    }
+
+    pub fn opt_int(&self, name: &str) -> Result<Option<i64>> {
+        if self.is_none(name) { Ok(None) } else { self.int(name).map(Some) }
+    }
+
+    pub fn bool(&self, name: &str) -> Result<bool> {
+        Ok(self.int(name)? != 0)
+    }
+
+    pub fn opt_bool(&self, name: &str) -> Result<Option<bool>> {
+        if self.is_none(name) { Ok(None) } else { self.bool(name).map(Some) }
+    }
+
+    /// An int list (a single int reads as a one-element list).
+    pub fn ints(&self, name: &str) -> Result<Vec<i64>> {
+        match self.arg(name)? {
+            Arg::Ints(v) => Ok(v.to_vec()),
+            Arg::Int(i) => Ok(vec![*i]),
+            _ => Err(self.bad(name, "an int list")),
+        }
+    }
+
+    pub fn opt_ints(&self, name: &str) -> Result<Option<Vec<i64>>> {
+        if self.is_none(name) { Ok(None) } else { self.ints(name).map(Some) }
+    }
+
+    pub fn str(&self, name: &str) -> Result<&'a str> {
+        match self.arg(name)? {
+            Arg::Str(s) => Ok(s),
+            _ => Err(self.bad(name, "a string")),
+        }
+    }
+
+    /// A `ScalarType?` argument.
+    pub fn dtype(&self, name: &str) -> Result<Option<DType>> {
+        if !self.has(name) || self.is_none(name) {
+            return Ok(None);
+        }
+        DType::from_c10(self.int(name)? as i32).map(Some)
+    }
+
+    /// A `Scalar` argument declared in the entry's `consts`, as f64.
+    pub fn const_f64(&self, name: &str) -> Result<f64> {
+        let i = self.index(name)?;
+        if self.op.is_runtime(i) {
+            return Err(Error::runtime(format!("torchtpu: {}: '{name}' is a runtime operand", self.op.name)));
+        }
+        match &self.args[i] {
+            Arg::Int(v) => Ok(*v as f64),
+            Arg::Float(f) => Ok(*f),
+            Arg::Bool(b) => Ok(*b as i64 as f64),
+            _ => Err(self.bad(name, "a number")),
+        }
+    }
+
+    /// Whether a numeric argument holds a Python int/bool (not a float).
+    pub fn is_integral(&self, name: &str) -> Result<bool> {
+        Ok(matches!(self.arg(name)?, Arg::Int(_) | Arg::Bool(_)))
+    }
+
+    fn param(&mut self, ty: Ty, input: Input) -> V {
+        self.inputs.push(input);
+        self.g.param(ty)
+    }
+
+    /// The value of a tensor's storage as a 1-D array of `dtype`: a program
+    /// input, or zeros when it was never written.
+    fn storage_flat(&mut self, arg: usize, item: usize, t: &Tensor) -> Result<V> {
+        let Some(storage) = t.storage else {
+            return Ok(self.g.full(0.0, t.dtype, &[0]));
+        };
+        let n = storage.nbytes / t.dtype.size() as i64;
+        let key = storage as *const Storage;
+        let v = match self.storages.iter().find(|(s, _)| *s == key) {
+            Some(&(_, v)) => v,
+            None => {
+                let v = match storage.value() {
+                    Some(buf) => self.param(buf.ty.clone(), Input::Storage { arg, item }),
+                    None => self.g.full(0.0, t.dtype, &[n]),
+                };
+                self.storages.push((key, v));
+                v
+            }
+        };
+        Ok(view::flat(&mut self.g, v, t.dtype))
+    }
+
+    fn read(&mut self, arg: usize, item: usize, t: &Tensor) -> Result<V> {
+        match t.device {
+            None if t.sizes.is_empty() => Ok(self.param(t.ty(), Input::Host { arg, item })),
+            None => Err(Error::runtime(format!(
+                "Expected all tensors to be on the same device, but found at least two devices, tpu:{} and cpu!",
+                self.device
+            ))),
+            Some(_) if t.numel() == 0 => Ok(self.g.full(0.0, t.dtype, t.sizes)),
+            Some(_) => {
+                let base = self.storage_flat(arg, item, t)?;
+                Ok(view::read(&mut self.g, base, &t.view()))
+            }
+        }
+    }
+
+    /// Reads a tensor argument into the graph.
+    pub fn tensor(&mut self, name: &str) -> Result<V> {
+        let i = self.index(name)?;
+        let t = self.meta(name)?;
+        self.read(i, 0, &t)
+    }
+
+    pub fn opt_tensor(&mut self, name: &str) -> Result<Option<V>> {
+        if self.is_none(name) { Ok(None) } else { self.tensor(name).map(Some) }
+    }
+
+    /// Metadata of a tensor list's elements (None for undefined ones).
+    pub fn metas(&self, name: &str) -> Result<Vec<Option<Tensor<'a>>>> {
+        match self.arg(name)? {
+            Arg::Tensors(ts) => Ok(ts.clone()),
+            _ => Err(self.bad(name, "a tensor list")),
+        }
+    }
+
+    /// Reads every defined tensor of a list.
+    pub fn tensors(&mut self, name: &str) -> Result<Vec<Option<V>>> {
+        let i = self.index(name)?;
+        let metas = self.metas(name)?;
+        metas.iter().enumerate().map(|(k, t)| t.as_ref().map(|t| self.read(i, k, t)).transpose()).collect()
+    }
+
+    /// A tensor or number argument as a promotion operand.
+    pub fn operand(&mut self, name: &str) -> Result<Operand> {
+        let i = self.index(name)?;
+        match *self.arg(name)? {
+            Arg::Tensor(t) => {
+                let priority = match (t.wrapped, t.sizes.is_empty()) {
+                    (true, _) => Priority::Wrapped,
+                    (false, true) => Priority::ZeroDim,
+                    (false, false) => Priority::Dim,
+                };
+                Ok(Operand { v: self.read(i, 0, &t)?, dtype: t.dtype, priority })
+            }
+            Arg::Int(_) | Arg::Float(_) | Arg::Bool(_) => {
+                let dtype = match self.args[i] {
+                    Arg::Int(_) => DType::I64,
+                    Arg::Float(_) => DType::F64,
+                    _ => DType::Bool,
+                };
+                let v = if self.op.is_runtime(i) {
+                    self.param(Ty::new(dtype, &[]), Input::Scalar { arg: i, dtype })
+                } else {
+                    let value = self.const_f64(name)?;
+                    self.g.scalar(value, dtype)
+                };
+                Ok(Operand { v, dtype, priority: Priority::Wrapped })
+            }
+            _ => Err(self.bad(name, "a tensor or a number")),
+        }
+    }
+
+    /// A number argument as a runtime scalar of `dtype` (None if absent).
+    pub fn scalar(&mut self, name: &str, dtype: DType) -> Result<Option<V>> {
+        if self.is_none(name) {
+            return Ok(None);
+        }
+        let o = self.operand(name)?;
+        Ok(Some(self.g.convert(o.v, dtype)))
+    }
+
+    /// `scalar` broadcast to `shape`.
+    pub fn scalar_like(&mut self, name: &str, dtype: DType, shape: &[i64]) -> Result<Option<V>> {
+        Ok(self.scalar(name, dtype)?.map(|s| self.g.broadcast_in_dim(s, shape, &[])))
+    }
+
+    /// The dtype `at::result_type` gives these operands.
+    pub fn result_type(&self, ops: &[Operand]) -> DType {
+        let pairs: Vec<(DType, Priority)> = ops.iter().map(|o| (o.dtype, o.priority)).collect();
+        result_type(&pairs)
+    }
+
+    /// Operands converted to `dtype` and broadcast to their common shape.
+    pub fn promote_to(&mut self, ops: &[Operand], dtype: DType) -> Result<Vec<V>> {
+        let shapes: Vec<Vec<i64>> = ops.iter().map(|o| self.g.ty(o.v).shape.clone()).collect();
+        let refs: Vec<&[i64]> = shapes.iter().map(|s| s.as_slice()).collect();
+        let shape = crate::ir::broadcast_all(&refs)?;
+        Ok(ops
+            .iter()
+            .map(|o| {
+                let v = self.g.convert(o.v, dtype);
+                self.g.broadcast_to(v, &shape)
+            })
+            .collect())
+    }
+
+    /// A u64[2] random key for this call, from the `Generator?` argument
+    /// `name` or the default generator.
+    pub fn seed(&mut self, name: Option<&str>) -> Result<V> {
+        let arg = match name {
+            Some(n) if self.has(n) => Some(self.index(n)?),
+            _ => None,
+        };
+        Ok(self.param(Ty::new(DType::U64, &[2]), Input::Seed { arg }))
+    }
+
+    /// Raises IndexError(`message`) after execution if `flag` (a bool
+    /// scalar) is true.
+    pub fn check(&mut self, flag: V, message: impl Into<String>) {
+        self.checks.push((flag, message.into()));
+    }
+
+    /// The next value of tensor `name`'s storage once `src` (its view's
+    /// shape and dtype) is written into the view.
+    pub fn write_view(&mut self, name: &str, src: V) -> Result<V> {
+        let i = self.index(name)?;
+        let t = self.meta(name)?;
+        let storage = t.storage.ok_or_else(|| Error::runtime("torchtpu: writing a tensor without storage"))?;
+        let n = storage.nbytes / t.dtype.size() as i64;
+        let view = t.view();
+        if view.is_whole(n) {
+            return Ok(self.g.reshape(src, &[n]));
+        }
+        let old = self.storage_flat(i, 0, &t)?;
+        Ok(view::write(&mut self.g, old, &view, src))
+    }
+}
+
+/// Normalises a possibly negative dimension, with PyTorch's error.
+pub fn wrap_dim(dim: i64, rank: usize) -> Result<usize> {
+    let r = rank.max(1) as i64;
+    if dim < -r || dim >= r {
+        return Err(Error::index(format!(
+            "Dimension out of range (expected to be in range of [{}, {}], but got {dim})",
+            -r,
+            r - 1
+        )));
+    }
+    Ok(if dim < 0 { dim + r } else { dim } as usize)
+}

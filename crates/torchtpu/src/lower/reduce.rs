@@ -1,0 +1,249 @@
+//! Reductions. One rule for dims/keepdim/dtype; float16/bfloat16 accumulate
+//! in float32.
+use super::elementwise::opmath;
+use super::{op, wrap_dim, Cx, Entry};
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::ir::{ReduceKind, V};
+
+pub static ENTRIES: &[Entry] = &[
+    op("sum", |cx| accumulate(cx, ReduceKind::Sum)),
+    op("prod", |cx| accumulate(cx, ReduceKind::Prod)),
+    op("mean", mean),
+    op("amax", |cx| extreme(cx, ReduceKind::Max)),
+    op("amin", |cx| extreme(cx, ReduceKind::Min)),
+    op("max", |cx| max_min(cx, true)),
+    op("min", |cx| max_min(cx, false)),
+    op("argmax", |cx| arg(cx, true)),
+    op("argmin", |cx| arg(cx, false)),
+    op("all", |cx| logical(cx, ReduceKind::And)),
+    op("any", |cx| logical(cx, ReduceKind::Or)),
+    op("var", |cx| moments(cx, false)),
+    op("std", |cx| moments(cx, true)),
+];
+
+/// The reduced dimensions of a `dim` argument: absent, None or [] mean all.
+pub fn reduced_dims(cx: &Cx, rank: usize) -> Result<Vec<usize>> {
+    let dims = if cx.has("dim") { cx.opt_ints("dim")? } else { None };
+    match dims {
+        None => Ok((0..rank).collect()),
+        Some(d) if d.is_empty() => Ok((0..rank).collect()),
+        Some(d) => {
+            let mut out = Vec::new();
+            for x in d {
+                let w = wrap_dim(x, rank)?;
+                if out.contains(&w) {
+                    return Err(Error::runtime(format!("dim {w} appears multiple times in the list of dims")));
+                }
+                if w < rank {
+                    out.push(w);
+                }
+            }
+            Ok(out)
+        }
+    }
+}
+
+/// Reduces `x` over `dims`, restoring them as size 1 when `keepdim`.
+pub fn reduce_keep(cx: &mut Cx, kind: ReduceKind, x: V, dims: &[usize], keepdim: bool) -> V {
+    let shape = cx.g.ty(x).shape.clone();
+    let r = cx.g.reduce(kind, x, dims);
+    if keepdim {
+        let kept: Vec<i64> = shape.iter().enumerate().map(|(i, &s)| if dims.contains(&i) { 1 } else { s }).collect();
+        cx.g.reshape(r, &kept)
+    } else {
+        r
+    }
+}
+
+fn keepdim(cx: &Cx) -> Result<bool> {
+    Ok(cx.has("keepdim") && cx.bool("keepdim")?)
+}
+
+/// sum and prod: integral inputs accumulate in int64 unless `dtype` says.
+fn accumulate(cx: &mut Cx, kind: ReduceKind) -> Result<Vec<V>> {
+    let t = cx.meta("self")?;
+    let dtype = cx.dtype("dtype")?.unwrap_or(if t.dtype.is_float() { t.dtype } else { DType::I64 });
+    let x = cx.tensor("self")?;
+    let x = cx.g.convert(x, opmath(dtype));
+    let dims = reduced_dims(cx, t.sizes.len())?;
+    let r = reduce_keep(cx, kind, x, &dims, keepdim(cx)?);
+    Ok(vec![cx.g.convert(r, dtype)])
+}
+
+fn mean(cx: &mut Cx) -> Result<Vec<V>> {
+    let t = cx.meta("self")?;
+    let dtype = cx.dtype("dtype")?.unwrap_or(t.dtype);
+    if !dtype.is_float() {
+        return Err(Error::runtime(format!(
+            "mean(): could not infer output dtype. Input dtype must be either a floating point or complex dtype. Got: {}",
+            dtype.torch_name()
+        )));
+    }
+    let x = cx.tensor("self")?;
+    let x = cx.g.convert(x, opmath(dtype));
+    let dims = reduced_dims(cx, t.sizes.len())?;
+    let count: i64 = dims.iter().map(|&d| t.sizes[d]).product();
+    let s = reduce_keep(cx, ReduceKind::Sum, x, &dims, keepdim(cx)?);
+    let shape = cx.g.ty(s).shape.clone();
+    let n = cx.g.full(count as f64, opmath(dtype), &shape);
+    let r = cx.g.binary("stablehlo.divide", s, n);
+    Ok(vec![cx.g.convert(r, dtype)])
+}
+
+fn check_nonempty(t: &crate::args::Tensor, dims: &[usize], what: &str) -> Result<()> {
+    if let Some(&d) = dims.iter().find(|&&d| t.sizes[d] == 0) {
+        return Err(Error::index(format!("{what}(): Expected reduction dim {d} to have non-zero size.")));
+    }
+    if t.numel() == 0 && t.sizes.is_empty() {
+        return Err(Error::runtime(format!("{what}(): Expected reduction dim to be specified for input.numel() == 0.")));
+    }
+    Ok(())
+}
+
+fn extreme(cx: &mut Cx, kind: ReduceKind) -> Result<Vec<V>> {
+    let t = cx.meta("self")?;
+    let dims = reduced_dims(cx, t.sizes.len())?;
+    check_nonempty(&t, &dims, if kind == ReduceKind::Max { "amax" } else { "amin" })?;
+    let x = cx.tensor("self")?;
+    let kind = if t.dtype == DType::Bool { if kind == ReduceKind::Max { ReduceKind::Or } else { ReduceKind::And } } else { kind };
+    Ok(vec![reduce_keep(cx, kind, x, &dims, keepdim(cx)?)])
+}
+
+/// max/min: over everything, or along `dim` returning (values, indices).
+fn max_min(cx: &mut Cx, max: bool) -> Result<Vec<V>> {
+    if cx.has("other") {
+        // max.other / min.other are maximum / minimum.
+        let name = if max { "stablehlo.maximum" } else { "stablehlo.minimum" };
+        let ops = [cx.operand("self")?, cx.operand("other")?];
+        let dtype = cx.result_type(&ops);
+        let v = cx.promote_to(&ops, dtype)?;
+        return Ok(vec![cx.g.binary(name, v[0], v[1])]);
+    }
+    let t = cx.meta("self")?;
+    let kind = match (t.dtype == DType::Bool, max) {
+        (true, true) => ReduceKind::Or,
+        (true, false) => ReduceKind::And,
+        (false, true) => ReduceKind::Max,
+        (false, false) => ReduceKind::Min,
+    };
+    let x = cx.tensor("self")?;
+    if !cx.has("dim") {
+        if t.numel() == 0 {
+            return Err(Error::runtime(format!(
+                "{}(): Expected reduction dim to be specified for input.numel() == 0. Specify the reduction dim with the 'dim' argument.",
+                if max { "max" } else { "min" }
+            )));
+        }
+        let all: Vec<usize> = (0..t.sizes.len()).collect();
+        return Ok(vec![cx.g.reduce(kind, x, &all)]);
+    }
+    let dim = wrap_dim(cx.int("dim")?, t.sizes.len())?;
+    if t.sizes.get(dim) == Some(&0) {
+        return Err(Error::index(format!(
+            "{}(): Expected reduction dim {dim} to have non-zero size.",
+            if max { "max" } else { "min" }
+        )));
+    }
+    let keep = keepdim(cx)?;
+    let dims = if t.sizes.is_empty() { vec![] } else { vec![dim] };
+    let values = reduce_keep(cx, kind, x, &dims, keep);
+    let indices = arg_along(cx, x, &dims, max, keep);
+    Ok(vec![values, indices])
+}
+
+fn arg_along(cx: &mut Cx, x: V, dims: &[usize], max: bool, keep: bool) -> V {
+    let shape = cx.g.ty(x).shape.clone();
+    let Some(&dim) = dims.first() else {
+        return cx.g.full(0.0, DType::I64, &shape);
+    };
+    let x = if cx.g.ty(x).dtype == DType::Bool { cx.g.convert(x, DType::U8) } else { x };
+    let r = cx.g.arg_reduce(x, dim, max);
+    if keep {
+        let mut kept = shape;
+        kept[dim] = 1;
+        cx.g.reshape(r, &kept)
+    } else {
+        r
+    }
+}
+
+fn arg(cx: &mut Cx, max: bool) -> Result<Vec<V>> {
+    let t = cx.meta("self")?;
+    let x = cx.tensor("self")?;
+    let keep = keepdim(cx)?;
+    let what = if max { "argmax" } else { "argmin" };
+    match cx.opt_int("dim")? {
+        None => {
+            if t.numel() == 0 {
+                return Err(Error::runtime(format!(
+                    "{what}(): Expected reduction dim to be specified for input.numel() == 0."
+                )));
+            }
+            let flat = cx.g.reshape(x, &[t.numel()]);
+            let r = arg_along(cx, flat, &[0], max, false);
+            Ok(vec![if keep { cx.g.reshape(r, &vec![1; t.sizes.len()]) } else { r }])
+        }
+        Some(d) => {
+            let dim = wrap_dim(d, t.sizes.len())?;
+            if t.sizes.get(dim) == Some(&0) {
+                return Err(Error::index(format!("{what}(): Expected reduction dim {dim} to have non-zero size.")));
+            }
+            let dims = if t.sizes.is_empty() { vec![] } else { vec![dim] };
+            Ok(vec![arg_along(cx, x, &dims, max, keep)])
+        }
+    }
+}
+
+fn logical(cx: &mut Cx, kind: ReduceKind) -> Result<Vec<V>> {
+    let t = cx.meta("self")?;
+    let x = cx.tensor("self")?;
+    let b = if t.dtype == DType::Bool {
+        x
+    } else {
+        let zero = cx.g.full(0.0, t.dtype, t.sizes);
+        cx.g.compare("NE", x, zero)
+    };
+    let dims = reduced_dims(cx, t.sizes.len())?;
+    let r = reduce_keep(cx, kind, b, &dims, keepdim(cx)?);
+    // all/any keep uint8 inputs' dtype, everything else gives bool.
+    Ok(vec![if t.dtype == DType::U8 { cx.g.convert(r, DType::U8) } else { r }])
+}
+
+/// var/std with Bessel's `correction` (a runtime operand, default 1).
+fn moments(cx: &mut Cx, sqrt: bool) -> Result<Vec<V>> {
+    let t = cx.meta("self")?;
+    if !t.dtype.is_float() {
+        return Err(Error::runtime("std and var only support floating point and complex dtypes"));
+    }
+    let ct = opmath(t.dtype);
+    let x = cx.tensor("self")?;
+    let x = cx.g.convert(x, ct);
+    let dims = reduced_dims(cx, t.sizes.len())?;
+    let keep = keepdim(cx)?;
+    let count: i64 = dims.iter().map(|&d| t.sizes[d]).product();
+    let sum = reduce_keep(cx, ReduceKind::Sum, x, &dims, true);
+    let n = cx.g.full(count as f64, ct, &cx.g.ty(sum).shape.clone());
+    let mean = cx.g.binary("stablehlo.divide", sum, n);
+    let mean = cx.g.broadcast_in_dim(mean, t.sizes, &(0..t.sizes.len() as i64).collect::<Vec<_>>());
+    let d = cx.g.binary("stablehlo.subtract", x, mean);
+    let sq = cx.g.binary("stablehlo.multiply", d, d);
+    let ss = reduce_keep(cx, ReduceKind::Sum, sq, &dims, keep);
+    let shape = cx.g.ty(ss).shape.clone();
+    let correction = match cx.has("correction").then(|| cx.scalar("correction", ct)).transpose()?.flatten() {
+        Some(c) => cx.g.broadcast_in_dim(c, &shape, &[]),
+        None => {
+            let unbiased = !cx.has("unbiased") || cx.bool("unbiased")?;
+            cx.g.full(unbiased as i64 as f64, ct, &shape)
+        }
+    };
+    let n = cx.g.full(count as f64, ct, &shape);
+    let denom = cx.g.binary("stablehlo.subtract", n, correction);
+    let zero = cx.g.full(0.0, ct, &shape);
+    let denom = cx.g.binary("stablehlo.maximum", denom, zero);
+    let mut r = cx.g.binary("stablehlo.divide", ss, denom);
+    if sqrt {
+        r = cx.g.unary("stablehlo.sqrt", r);
+    }
+    Ok(vec![cx.g.convert(r, t.dtype)])
+}

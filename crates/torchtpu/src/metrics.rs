@@ -1,0 +1,77 @@
+//! Counters behind `torchtpu.metrics()`.
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+
+#[derive(Default)]
+pub struct Metrics {
+    pub ops: AtomicU64,
+    pub executions: AtomicU64,
+    pub compilations: AtomicU64,
+    pub compile_ns: AtomicU64,
+    pub execute_ns: AtomicU64,
+    pub plan_hits: AtomicU64,
+    pub plan_misses: AtomicU64,
+    pub program_hits: AtomicU64,
+    pub transfers_to_device: AtomicU64,
+    pub transfers_to_host: AtomicU64,
+    pub largest_graph: AtomicU64,
+    pub fallbacks: Mutex<BTreeMap<String, u64>>,
+}
+
+pub static METRICS: std::sync::LazyLock<Metrics> = std::sync::LazyLock::new(Metrics::default);
+
+pub fn bump(counter: &AtomicU64) {
+    counter.fetch_add(1, Ordering::Relaxed);
+}
+
+pub fn add(counter: &AtomicU64, n: u64) {
+    counter.fetch_add(n, Ordering::Relaxed);
+}
+
+/// Counts a CPU fallback; returns true the first time `op` falls back.
+pub fn fallback(op: &str) -> bool {
+    let mut map = METRICS.fallbacks.lock().unwrap();
+    let n = map.entry(op.to_string()).or_insert(0);
+    *n += 1;
+    *n == 1
+}
+
+impl Metrics {
+    /// Every counter by name (fallbacks separately).
+    pub fn counters(&self) -> Vec<(&'static str, u64)> {
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        vec![
+            ("ops", get(&self.ops)),
+            ("executions", get(&self.executions)),
+            ("compilations", get(&self.compilations)),
+            ("compile_ns", get(&self.compile_ns)),
+            ("execute_ns", get(&self.execute_ns)),
+            ("plan_cache_hits", get(&self.plan_hits)),
+            ("plan_cache_misses", get(&self.plan_misses)),
+            ("program_cache_hits", get(&self.program_hits)),
+            ("transfers_to_device", get(&self.transfers_to_device)),
+            ("transfers_to_host", get(&self.transfers_to_host)),
+            ("largest_graph", get(&self.largest_graph)),
+        ]
+    }
+
+    pub fn reset(&self) {
+        for c in [
+            &self.ops,
+            &self.executions,
+            &self.compilations,
+            &self.compile_ns,
+            &self.execute_ns,
+            &self.plan_hits,
+            &self.plan_misses,
+            &self.program_hits,
+            &self.transfers_to_device,
+            &self.transfers_to_host,
+            &self.largest_graph,
+        ] {
+            c.store(0, Ordering::Relaxed);
+        }
+        self.fallbacks.lock().unwrap().clear();
+    }
+}

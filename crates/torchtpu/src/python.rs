@@ -1,0 +1,88 @@
+//! The `torchtpu._C` Python module: configuration, modes and diagnostics.
+//! Per-op work never passes through here (it goes adapter -> `ffi`).
+use pyo3::exceptions::{PyNotImplementedError, PyRuntimeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+
+use crate::error::{Error, Kind};
+use crate::metrics::METRICS;
+use crate::{exec, runtime, storage};
+
+fn py_err(e: Error) -> PyErr {
+    match e.kind {
+        Kind::Value => PyValueError::new_err(e.message),
+        Kind::NotImplemented => PyNotImplementedError::new_err(e.message),
+        _ => PyRuntimeError::new_err(e.message),
+    }
+}
+
+/// Chooses the PJRT plugin; returns False if the runtime already started.
+#[pyfunction]
+#[pyo3(signature = (plugin, cpu_device_count=None))]
+fn configure(plugin: std::path::PathBuf, cpu_device_count: Option<i64>) -> bool {
+    runtime::configure(plugin, cpu_device_count)
+}
+
+#[pyfunction]
+fn device_count() -> usize {
+    runtime::get().map_or(0, |rt| rt.device_count())
+}
+
+/// Starts the runtime, raising the plugin's error if it cannot.
+#[pyfunction]
+fn init() -> PyResult<String> {
+    let rt = runtime::get().map_err(py_err)?;
+    Ok(format!("{} ({})", rt.client.platform_name(), rt.plugin.display()))
+}
+
+#[pyfunction]
+fn synchronize() -> PyResult<()> {
+    exec::synchronize().map_err(py_err)
+}
+
+#[pyfunction]
+fn set_mode(mode: &str) -> PyResult<()> {
+    exec::set_mode(mode).map_err(py_err)
+}
+
+#[pyfunction]
+fn get_mode() -> &'static str {
+    exec::mode_name()
+}
+
+/// Counters, and CPU fallbacks by operator name.
+#[pyfunction]
+fn metrics(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
+    let d = PyDict::new(py);
+    for (name, value) in METRICS.counters() {
+        d.set_item(name, value)?;
+    }
+    let fallbacks = PyDict::new(py);
+    for (op, n) in METRICS.fallbacks.lock().unwrap().iter() {
+        fallbacks.set_item(op, n)?;
+    }
+    d.set_item("fallbacks", fallbacks)?;
+    let (storages, buffers) = storage::live_counts();
+    d.set_item("live_storages", storages)?;
+    d.set_item("live_buffers", buffers)?;
+    Ok(d)
+}
+
+#[pyfunction]
+fn reset_metrics() {
+    METRICS.reset();
+}
+
+#[pymodule]
+#[pyo3(name = "_C")]
+fn module(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(configure, m)?)?;
+    m.add_function(wrap_pyfunction!(device_count, m)?)?;
+    m.add_function(wrap_pyfunction!(init, m)?)?;
+    m.add_function(wrap_pyfunction!(synchronize, m)?)?;
+    m.add_function(wrap_pyfunction!(set_mode, m)?)?;
+    m.add_function(wrap_pyfunction!(get_mode, m)?)?;
+    m.add_function(wrap_pyfunction!(metrics, m)?)?;
+    m.add_function(wrap_pyfunction!(reset_metrics, m)?)?;
+    Ok(())
+}

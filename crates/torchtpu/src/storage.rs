@@ -1,0 +1,87 @@
+//! Storages: the current value of a tensor storage's bytes (DESIGN §3).
+//!
+//! A storage is one flat array. Its value is an immutable PJRT buffer (of any
+//! shape whose bytes are the storage's bytes) or nothing yet; writing a storage
+//! replaces its value. Addresses handed to PyTorch are unique, never
+//! dereferenced, and the ranges of live storages never overlap.
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use crate::ir::Ty;
+
+static LIVE_STORAGES: AtomicI64 = AtomicI64::new(0);
+static LIVE_BUFFERS: AtomicI64 = AtomicI64::new(0);
+static NEXT_ADDR: AtomicU64 = AtomicU64::new(1 << 44);
+
+/// A device buffer together with the IR type of its contents.
+pub struct DeviceBuffer {
+    pub buf: pjrt::Buffer,
+    pub ty: Ty,
+}
+
+impl DeviceBuffer {
+    pub fn new(buf: pjrt::Buffer, ty: Ty) -> Arc<DeviceBuffer> {
+        LIVE_BUFFERS.fetch_add(1, Ordering::Relaxed);
+        Arc::new(DeviceBuffer { buf, ty })
+    }
+}
+
+impl Drop for DeviceBuffer {
+    fn drop(&mut self) {
+        LIVE_BUFFERS.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+pub struct Storage {
+    pub device: usize,
+    pub nbytes: i64,
+    pub addr: u64,
+    value: Mutex<Option<Arc<DeviceBuffer>>>,
+}
+
+impl Storage {
+    pub fn new(device: usize, nbytes: i64, value: Option<Arc<DeviceBuffer>>) -> Arc<Storage> {
+        LIVE_STORAGES.fetch_add(1, Ordering::Relaxed);
+        let span = (nbytes.max(1) as u64).div_ceil(64) * 64;
+        let addr = NEXT_ADDR.fetch_add(span, Ordering::Relaxed);
+        Arc::new(Storage { device, nbytes, addr, value: Mutex::new(value) })
+    }
+
+    pub fn value(&self) -> Option<Arc<DeviceBuffer>> {
+        self.value.lock().unwrap().clone()
+    }
+
+    pub fn set(&self, value: Arc<DeviceBuffer>) {
+        *self.value.lock().unwrap() = Some(value);
+    }
+
+    /// Hands a storage to C++ as an opaque handle (one strong reference).
+    pub fn into_handle(s: Arc<Storage>) -> *mut std::ffi::c_void {
+        Arc::into_raw(s) as *mut _
+    }
+
+    /// Borrows the storage behind a handle.
+    ///
+    /// # Safety
+    /// `h` comes from `into_handle` and has not been released.
+    pub unsafe fn from_handle<'a>(h: *const std::ffi::c_void) -> &'a Storage {
+        &*(h as *const Storage)
+    }
+
+    /// # Safety
+    /// `h` comes from `into_handle`; it is released once.
+    pub unsafe fn release(h: *const std::ffi::c_void) {
+        drop(Arc::from_raw(h as *const Storage));
+    }
+}
+
+impl Drop for Storage {
+    fn drop(&mut self) {
+        LIVE_STORAGES.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// (live storages, live device buffers): what leak tests watch.
+pub fn live_counts() -> (i64, i64) {
+    (LIVE_STORAGES.load(Ordering::Relaxed), LIVE_BUFFERS.load(Ordering::Relaxed))
+}

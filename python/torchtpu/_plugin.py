@@ -1,0 +1,41 @@
+"""Which PJRT plugin runs the device: chosen at start-up, never at build time.
+
+TORCHTPU_PJRT_PLUGIN=/path/to/plugin.so wins (e.g. libtpu on a TPU VM);
+otherwise libtpu if installed, otherwise the xla-cpu-pjrt CPU plugin.
+"""
+import importlib.util
+import os
+
+from . import _C
+
+
+def _package_file(package, name):
+    try:
+        spec = importlib.util.find_spec(package)
+    except ModuleNotFoundError:
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = os.path.join(list(spec.submodule_search_locations)[0], name)
+    return path if os.path.exists(path) else None
+
+
+def find_plugin():
+    """(path, is_cpu_plugin), or (None, False) when no plugin is installed."""
+    explicit = os.environ.get("TORCHTPU_PJRT_PLUGIN")
+    if explicit:
+        return explicit, "cpu" in os.path.basename(explicit)
+    libtpu = _package_file("libtpu", "libtpu.so")
+    if libtpu:
+        return libtpu, False
+    cpu = _package_file("xla_plugins.xla_cpu_pjrt", "xla_cpu_pjrt.so")
+    return cpu, cpu is not None
+
+
+def configure_plugin():
+    path, is_cpu = find_plugin()
+    if path is None:
+        return  # every tpu operation will say how to install a plugin
+    # The CPU plugin would split this machine into 4 devices by default.
+    count = int(os.environ.get("TORCHTPU_DEVICE_COUNT", "1")) if is_cpu else None
+    _C.configure(path, count)
