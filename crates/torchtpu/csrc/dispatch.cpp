@@ -58,6 +58,7 @@ struct OpEntry {
   int32_t op = -1;               // core op id, -1: CPU fallback
   std::vector<int> outs;         // argument indices of out= tensors
   std::vector<bool> generator;   // arguments of type Generator?
+  std::vector<bool> tensor_list; // arguments of type Tensor[] or Tensor?[]
   bool inplace = false;          // self is written (add_, fill_, ...)
 };
 
@@ -77,6 +78,7 @@ const OpEntry& op_entry(const c10::OperatorHandle& op) {
     bool is_out = a.is_out();
     if (is_out) slot->outs.push_back(static_cast<int>(i));
     slot->generator.push_back(types[i] == "Generator?");
+    slot->tensor_list.push_back(types[i].rfind("Tensor", 0) == 0 && types[i].back() == ']');
     args.push_back({a.name().c_str(), types[i].c_str(), is_out});
   }
   slot->inplace = slot->outs.empty() && !schema.arguments().empty() &&
@@ -93,7 +95,7 @@ struct Marshal {
   std::deque<std::vector<int64_t>> ints;
   std::deque<std::vector<double>> floats;
 
-  void add(const c10::IValue& v, bool generator, c10::DeviceIndex device) {
+  void add(const c10::IValue& v, bool generator, bool tensor_list, c10::DeviceIndex device) {
     TtArg a{};
     if (generator) {
       a.kind = TT_ARG_SEED;
@@ -111,8 +113,7 @@ struct Marshal {
       a.len = static_cast<int64_t>(list.size());
       a.tensors = tensors.data() + tensors.size();
       for (const at::Tensor& t : list) push(t);
-    } else if (v.isList() && (v.toList().empty() || v.toList().get(0).isTensor() ||
-                              v.toList().get(0).isNone())) {
+    } else if (v.isList() && tensor_list) {
       a.kind = TT_ARG_TENSOR_LIST;  // Tensor?[]
       auto list = v.toList();
       a.len = static_cast<int64_t>(list.size());
@@ -127,10 +128,11 @@ struct Marshal {
     } else if (v.isDouble()) {
       a.kind = TT_ARG_FLOAT;
       a.f = v.toDouble();
-    } else if (v.isIntList() || v.isSymIntList()) {
+    } else if (v.isIntList() || v.isSymIntList() || (v.isList() && v.toList().empty())) {
       a.kind = TT_ARG_INT_LIST;
-      ints.push_back(v.isIntList() ? v.toIntVector()
-                                   : c10::asIntArrayRefSlow(v.toSymIntVector(), __FILE__, __LINE__).vec());
+      if (v.isIntList()) ints.push_back(v.toIntVector());
+      else if (v.isSymIntList()) ints.push_back(c10::asIntArrayRefSlow(v.toSymIntVector(), __FILE__, __LINE__).vec());
+      else ints.emplace_back();  // an empty list of numbers
       a.ints = ints.back().data();
       a.len = static_cast<int64_t>(ints.back().size());
     } else if (v.isBoolList()) {
@@ -231,9 +233,7 @@ void fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   m.tensors.reserve(count_tensors(inputs));
   m.args.reserve(n);
   for (size_t i = 0; i < n; ++i) {
-    bool is_out = std::find(entry.outs.begin(), entry.outs.end(), static_cast<int>(i)) != entry.outs.end();
-    if (is_out) m.add(c10::IValue(), false, device);
-    else m.add(inputs[i], entry.generator[i], device);
+    m.add(inputs[i], entry.generator[i], entry.tensor_list[i], device);
   }
   const TtResult* raw = nullptr;
   int64_t count = 0;

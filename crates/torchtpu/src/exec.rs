@@ -163,6 +163,11 @@ fn plan(op: &OpDef, args: &[Arg], device: usize) -> Result<Arc<Plan>> {
 /// rate costs no transfer after its first use.
 static SCALARS: LazyLock<Mutex<HashMap<(usize, DType, u64), Arc<DeviceBuffer>>>> = LazyLock::new(Default::default);
 
+/// How many scalar buffers the cache keeps alive (for leak accounting).
+pub fn cached_scalars() -> usize {
+    SCALARS.lock().unwrap().len()
+}
+
 fn upload(bytes: &[u8], ty: Ty, device: usize) -> Result<Arc<DeviceBuffer>> {
     let rt = runtime::get()?;
     let buf = rt.client.buffer_from_host(bytes, ty.dtype.element_type(), &ty.shape, rt.device(device)?)?;

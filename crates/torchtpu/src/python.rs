@@ -65,6 +65,7 @@ fn metrics(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     let (storages, buffers) = storage::live_counts();
     d.set_item("live_storages", storages)?;
     d.set_item("live_buffers", buffers)?;
+    d.set_item("cached_scalars", exec::cached_scalars())?;
     Ok(d)
 }
 
@@ -75,7 +76,7 @@ fn reset_metrics() {
 
 #[pymodule]
 #[pyo3(name = "_C")]
-fn module(m: &Bound<'_, PyModule>) -> PyResult<()> {
+fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(configure, m)?)?;
     m.add_function(wrap_pyfunction!(device_count, m)?)?;
     m.add_function(wrap_pyfunction!(init, m)?)?;

@@ -1,0 +1,167 @@
+"""The tpu device as PyTorch users meet it: device module, transfers,
+printing, serialization, generators, storages and views."""
+import io
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import torchtpu
+
+
+def test_device_module():
+    assert torch.tpu.is_available()
+    assert torch.tpu.device_count() == 1
+    assert torch.tpu.current_device() == 0
+    torch.tpu.set_device(0)
+    torch.tpu.synchronize()
+    assert torch.device("tpu") == torch.device("tpu")
+    assert torch.device("tpu:0").type == "tpu"
+
+
+def test_accelerator():
+    assert torch.accelerator.current_accelerator().type == "tpu"
+    assert torch.accelerator.is_available()
+    assert torch.accelerator.device_count() == 1
+    assert torch.accelerator.current_device_index() == 0
+    torch.accelerator.set_device_index(0)
+    torch.accelerator.synchronize()
+
+
+def test_plain_tensors_round_trip():
+    x = torch.randn(3, 5)
+    for t in (x.to("tpu"), x.tpu(), torch.tensor(x.tolist(), device="tpu")):
+        assert type(t) is torch.Tensor
+        assert t.device == torch.device("tpu:0") and t.is_tpu
+        torch.testing.assert_close(t.cpu(), x)
+    assert torch.zeros(2, device="tpu").tolist() == [0.0, 0.0]
+    assert torch.ones(2, 2, device="tpu").sum().item() == 4.0
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16,
+                                   torch.int64, torch.int32, torch.int8, torch.uint8, torch.bool])
+def test_dtypes_round_trip(dtype):
+    x = (torch.randn(4, 3) * 10).to(dtype)
+    t = x.to("tpu")
+    assert t.dtype == dtype
+    torch.testing.assert_close(t.cpu(), x)
+    torch.testing.assert_close(t.to(torch.float32).cpu(), x.to(torch.float32))
+
+
+def test_module_to():
+    m = torch.nn.Linear(4, 3)
+    m.to("tpu")
+    assert all(p.device.type == "tpu" and type(p) is torch.nn.Parameter for p in m.parameters())
+    x = torch.randn(2, 4)
+    torch.testing.assert_close(m(x.to("tpu")).cpu(), m.cpu()(x))
+
+
+def test_printing():
+    x = torch.tensor([[1.5, -2.0], [3.25, 4.0]])
+    assert repr(x.to("tpu")) == repr(x)[:-1] + ", device='tpu:0')"
+    assert "device='tpu:0'" in repr(torch.arange(3, device="tpu"))
+    assert str(torch.zeros(0, device="tpu")).startswith("tensor([]")
+
+
+def test_item_tolist():
+    x = torch.tensor([1.5, 2.5], device="tpu")
+    assert x[1].item() == 2.5
+    assert x.tolist() == [1.5, 2.5]
+    assert torch.tensor(7, device="tpu").item() == 7
+    with pytest.raises(RuntimeError, match="a Tensor with 2 elements cannot be converted to Scalar"):
+        x.item()
+
+
+def test_save_load():
+    x = torch.randn(3, 4)
+    buf = io.BytesIO()
+    torch.save({"w": x.to("tpu")}, buf)
+    for loc, dev in ((None, "tpu"), ("cpu", "cpu"), ("tpu", "tpu")):
+        buf.seek(0)
+        y = torch.load(buf, map_location=loc)["w"]
+        assert y.device.type == dev
+        torch.testing.assert_close(y.cpu(), x)
+    buf = io.BytesIO()
+    torch.save(x, buf)
+    buf.seek(0)
+    assert torch.load(buf, map_location="tpu").device.type == "tpu"
+
+
+def test_generator_and_seed():
+    g = torch.Generator(device="tpu")
+    assert g.device.type == "tpu"
+    g.manual_seed(3)
+    a = torch.empty(1000, device="tpu").uniform_(generator=g).cpu()
+    g.manual_seed(3)
+    b = torch.empty(1000, device="tpu").uniform_(generator=g).cpu()
+    torch.testing.assert_close(a, b)
+    torch.tpu.manual_seed(5)
+    c = torch.randn(100, device="tpu").cpu()
+    torch.manual_seed(5)
+    d = torch.randn(100, device="tpu").cpu()
+    torch.testing.assert_close(c, d)
+    state = torch.tpu.get_rng_state()
+    e = torch.rand(10, device="tpu").cpu()
+    torch.tpu.set_rng_state(state)
+    torch.testing.assert_close(torch.rand(10, device="tpu").cpu(), e)
+
+
+def test_views_share_storage():
+    base = torch.arange(12.0).reshape(3, 4)
+    t = base.to("tpu")
+    v = t[1]
+    assert v._is_view() and v._base is t
+    assert v.untyped_storage().data_ptr() == t.untyped_storage().data_ptr()
+    assert v.data_ptr() == t.data_ptr() + 4 * 4
+    v.mul_(10)
+    base[1].mul_(10)
+    torch.testing.assert_close(t.cpu(), base)
+    t.t()[2].fill_(-1)
+    base.t()[2].fill_(-1)
+    torch.testing.assert_close(t.cpu(), base)
+
+
+def test_as_strided_and_view_dtype():
+    x = torch.arange(16.0)
+    t = x.to("tpu")
+    torch.testing.assert_close(t.as_strided((3, 3), (4, 1), 1).cpu(), x.as_strided((3, 3), (4, 1), 1))
+    torch.testing.assert_close(t.as_strided((2, 2), (1, 2)).cpu(), x.as_strided((2, 2), (1, 2)))
+    torch.testing.assert_close(t.view(torch.int32).cpu(), x.view(torch.int32))
+    torch.testing.assert_close(t.view(torch.int16).cpu(), x.view(torch.int16))
+    t.view(torch.int32)[3] = 7
+    x.view(torch.int32)[3] = 7
+    torch.testing.assert_close(t.cpu(), x)
+
+
+def test_data_ptr_ranges_do_not_overlap():
+    ts = [torch.empty(n, device="tpu") for n in (1, 7, 64, 1000)]
+    spans = sorted((t.data_ptr(), t.data_ptr() + t.untyped_storage().nbytes()) for t in ts)
+    assert all(a_end <= b_start for (_, a_end), (b_start, _) in zip(spans, spans[1:]))
+    assert len({t.data_ptr() for t in ts}) == len(ts)
+
+
+def test_untyped_storage_and_resize():
+    t = torch.arange(4.0, device="tpu")
+    s = t.untyped_storage()
+    assert s.device.type == "tpu" and s.nbytes() == 16
+    t.resize_(6)
+    torch.testing.assert_close(t[:4].cpu(), torch.arange(4.0))
+    u = torch.empty(0, device="tpu")
+    u.set_(t.untyped_storage(), 1, (2,), (1,))
+    torch.testing.assert_close(u.cpu(), torch.tensor([1.0, 2.0]))
+
+
+def test_autoload_without_import():
+    code = "import torch; x = torch.ones(2, device='tpu'); print((x + 1).sum().item())"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "4.0"
+
+
+def test_metrics_report_fallbacks():
+    torchtpu.reset_metrics()
+    x = torch.tensor([3.0, 1.0, 2.0, 5.0])
+    torch.testing.assert_close(torch.cummax(x.to("tpu"), 0).values.cpu(), torch.cummax(x, 0).values)
+    # cummax has no lowering: it ran on the CPU, once, and says so.
+    assert torchtpu.metrics()["fallbacks"] == {"aten::_cummax_helper": 1}
