@@ -20,7 +20,8 @@ demo: build
 	$(PY) examples/train_mlp.py
 
 test: build
-	cargo test -q -p pjrt
+	TORCHTPU_PJRT_PLUGIN=$$($(PY) -c "import torchtpu._plugin as p; print(p.find_plugin()[0])") \
+		cargo test -q --workspace
 	$(PY) -m pytest -q tests
 
 bench: build

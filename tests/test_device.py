@@ -152,11 +152,13 @@ def test_untyped_storage_and_resize():
     torch.testing.assert_close(u.cpu(), torch.tensor([1.0, 2.0]))
 
 
-def test_autoload_without_import():
-    code = "import torch; x = torch.ones(2, device='tpu'); print((x + 1).sum().item())"
+@pytest.mark.parametrize("imports", ["import torch", "import torchtpu, torch", "import torchtpu._plugin, torch"])
+def test_import_orders(imports):
+    """Autoload makes `import torch` enough; importing torchtpu first works too."""
+    code = f"{imports}; x = torch.ones(2, device='tpu'); print((x + 1).sum().item())"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "4.0"
+    assert out.stdout.strip() == str((torch.ones(2) + 1).sum().item())
 
 
 def test_metrics_report_fallbacks():

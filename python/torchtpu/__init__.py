@@ -7,10 +7,19 @@ native extension; this module is set-up glue.
 import contextlib
 import os
 
-import torch
 
-from . import _C
-from ._plugin import configure_plugin
+def _autoload():
+    """Entry point of `torch.backends`: importing this package does the work.
+
+    Defined before `import torch`, which calls it while this module is still
+    initialising when the user imports torchtpu first.
+    """
+
+
+import torch  # noqa: E402
+
+from . import _C  # noqa: E402
+from ._plugin import configure_plugin  # noqa: E402
 
 configure_plugin()
 
@@ -53,7 +62,3 @@ def reset_metrics() -> None:
 
 if "TORCHTPU_MODE" in os.environ:
     set_mode(os.environ["TORCHTPU_MODE"])
-
-
-def _autoload():
-    """Entry point of `torch.backends`: importing the package did the work."""

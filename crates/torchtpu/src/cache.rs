@@ -12,7 +12,6 @@ use crate::{emit, runtime};
 
 pub struct Program {
     pub exe: pjrt::LoadedExecutable,
-    pub mlir: String,
 }
 
 static PROGRAMS: Mutex<Option<HashMap<String, Arc<Program>>>> = Mutex::new(None);
@@ -52,7 +51,30 @@ pub fn compile(graph: &Graph, what: &str) -> Result<Arc<Program>> {
     if std::env::var_os("TORCHTPU_DUMP_DIR").is_some() {
         dump(&mlir, &what.replace([':', '.', '/'], "_"));
     }
-    let program = Arc::new(Program { exe, mlir: mlir.clone() });
+    let program = Arc::new(Program { exe });
     PROGRAMS.lock().unwrap().get_or_insert_with(HashMap::new).insert(mlir, program.clone());
     Ok(program)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dtype::DType;
+    use crate::ir::{Op, Ty};
+
+    #[test]
+    fn failed_compilation_names_its_dump() {
+        let Ok(plugin) = std::env::var("TORCHTPU_PJRT_PLUGIN") else { return eprintln!("no plugin: skipped") };
+        runtime::configure(plugin.into(), Some(1));
+        // Contracting 3 against 4 passes our IR builder but not XLA's verifier.
+        let mut g = Graph::default();
+        let a = g.param(Ty::new(DType::F32, &[2, 3]));
+        let b = g.param(Ty::new(DType::F32, &[4, 5]));
+        let op = Op::DotGeneral { lhs_batch: vec![], rhs_batch: vec![], lhs_contract: vec![1], rhs_contract: vec![0] };
+        g.outputs = vec![g.push(op, vec![a, b], Ty::new(DType::F32, &[2, 5]))];
+        let err = compile(&g, "aten::mm").err().expect("XLA rejects the program");
+        let path = err.message.rsplit("StableHLO written to ").next().unwrap().trim();
+        assert!(err.message.contains("XLA failed to compile aten::mm"), "{}", err.message);
+        assert!(std::fs::read_to_string(path).unwrap().contains("stablehlo.dot_general"));
+    }
 }

@@ -262,7 +262,7 @@ fn execute(plan: &Plan, what: &str, args: &[Arg], device: usize) -> Result<Vec<A
     let held: Vec<Arc<DeviceBuffer>> = plan.inputs.iter().map(|i| input(i, args, device)).collect::<Result<_>>()?;
     let refs: Vec<&pjrt::Buffer> = held.iter().map(|b| &b.buf).collect();
     let start = Instant::now();
-    let raw = plan.program.exe.execute(&refs, rt.device(device)?, &[])?;
+    let raw = plan.program.exe.execute(&refs, rt.device(device)?, &[]).map_err(|e| launch_error(e, what, device))?;
     add(&METRICS.execute_ns, start.elapsed().as_nanos() as u64);
     bump(&METRICS.executions);
     let mut outs: Vec<Arc<DeviceBuffer>> = Vec::with_capacity(raw.len());
@@ -287,6 +287,20 @@ fn execute(plan: &Plan, what: &str, args: &[Arg], device: usize) -> Result<Vec<A
         track(&outs);
     }
     Ok(outs)
+}
+
+/// PJRT's error with what the user can do about it.
+fn launch_error(e: pjrt::Error, what: &str, device: usize) -> Error {
+    const RESOURCE_EXHAUSTED: i32 = 8;
+    if e.code == RESOURCE_EXHAUSTED {
+        Error::runtime(format!(
+            "torchtpu: out of memory on tpu:{device} running {what}: {}. Free tensors that are no longer needed \
+             (del them, gc.collect()) or reduce the batch size.",
+            e.message
+        ))
+    } else {
+        Error::runtime(format!("torchtpu: {what} failed on tpu:{device}: {e}"))
+    }
 }
 
 /// Debug mode's NaN/Inf check of an op's floating outputs.

@@ -1,0 +1,94 @@
+"""Bad input gets PyTorch's own exception and message, and the process stays usable."""
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import torchtpu
+
+
+def raises_like_cpu(fn, *cpu_args):
+    """fn raises on tpu exactly what it raises on CPU."""
+    with pytest.raises(Exception) as cpu:
+        fn(*cpu_args)
+    with pytest.raises(type(cpu.value)) as tpu:
+        fn(*[a.to("tpu") if isinstance(a, torch.Tensor) else a for a in cpu_args])
+    assert str(tpu.value).splitlines()[0] == str(cpu.value).splitlines()[0]
+    still_usable()
+
+
+def still_usable():
+    torch.testing.assert_close((torch.ones(3, device="tpu") * 2).cpu(), torch.full((3,), 2.0))
+
+
+def test_shape_mismatch(mode):
+    raises_like_cpu(torch.add, torch.ones(3), torch.ones(4))
+    raises_like_cpu(torch.mm, torch.ones(2, 3), torch.ones(4, 5))
+    raises_like_cpu(torch.cat, [torch.ones(2, 3), torch.ones(2, 4)], 0)
+    raises_like_cpu(lambda a: a.view(5), torch.ones(6))
+
+
+def test_out_of_range_indices(mode):
+    raises_like_cpu(torch.index_select, torch.ones(4, 2), 0, torch.tensor([1, 4]))
+    raises_like_cpu(torch.nn.functional.embedding, torch.tensor([0, 7]), torch.ones(5, 2))
+    raises_like_cpu(lambda a: a.sum(3), torch.ones(2, 2))
+
+
+def test_dtype_rules(mode):
+    raises_like_cpu(lambda a, b: torch.add(a, b, out=torch.empty(2, dtype=torch.long, device=a.device)),
+                    torch.ones(2), torch.ones(2))
+    raises_like_cpu(lambda a: a - a, torch.ones(2, dtype=torch.bool))
+
+
+def test_mixing_devices(mode):
+    with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
+        torch.ones(3, device="tpu") + torch.ones(3)
+    with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
+        torch.mm(torch.ones(2, 2, device="tpu"), torch.ones(2, 2))
+    still_usable()
+
+
+def test_unsupported_dtype():
+    with pytest.raises(TypeError, match="tpu does not support dtype ComplexFloat"):
+        torch.ones(2, dtype=torch.complex64).to("tpu") + 1
+    still_usable()
+
+
+def test_debug_nans_names_the_op():
+    os.environ["TORCHTPU_DEBUG_NANS"] = "1"
+    try:
+        with torchtpu.mode("debug"):
+            with pytest.raises(RuntimeError, match=r"aten::log.*produced NaN or Inf"):
+                torch.log(torch.tensor([-1.0, 1.0], device="tpu"))
+            still_usable()
+    finally:
+        del os.environ["TORCHTPU_DEBUG_NANS"]
+
+
+def test_out_of_memory():
+    with pytest.raises(RuntimeError, match="out of memory on tpu:0"):
+        torch.zeros(16 * 2**30, device="tpu").sum().item()
+    still_usable()
+
+
+def test_missing_plugin():
+    code = (
+        "import torch, torchtpu\n"
+        "assert torch.tpu.device_count() == 0 and not torch.tpu.is_available()\n"
+        "try:\n    torch.ones(2, device='tpu')\nexcept RuntimeError as e:\n    print(e)\n"
+        "print(torch.ones(2).sum().item())\n"
+    )
+    env = dict(os.environ, TORCHTPU_PJRT_PLUGIN="/nonexistent/plugin.so")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr
+    message, after = out.stdout.strip().splitlines()
+    assert "cannot load PJRT plugin /nonexistent/plugin.so" in message
+    assert "TORCHTPU_PJRT_PLUGIN" in message
+    assert after == "2.0"
+
+
+def test_bad_mode():
+    with pytest.raises(ValueError, match="unknown mode 'fast'"):
+        torchtpu.set_mode("fast")
