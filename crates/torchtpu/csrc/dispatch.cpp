@@ -14,7 +14,6 @@
 #include <ATen/ops/view_native.h>
 #include <torch/library.h>
 
-#include <deque>
 #include <memory>
 #include <mutex>
 #include <unordered_map>
@@ -92,8 +91,9 @@ const OpEntry& op_entry(const c10::OperatorHandle& op) {
 struct Marshal {
   std::vector<TtArg> args;
   std::vector<TtTensor> tensors;
-  std::deque<std::vector<int64_t>> ints;
-  std::deque<std::vector<double>> floats;
+  // Moving a vector keeps its buffer, so TtArgs may point into these.
+  std::vector<std::vector<int64_t>> ints;
+  std::vector<std::vector<double>> floats;
 
   void add(const c10::IValue& v, bool generator, bool tensor_list, c10::DeviceIndex device) {
     TtArg a{};

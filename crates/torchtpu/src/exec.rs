@@ -57,7 +57,34 @@ pub struct Plan {
 }
 
 type Key = Vec<u64>;
-static PLANS: LazyLock<RwLock<HashMap<Key, Arc<Plan>>>> = LazyLock::new(Default::default);
+
+/// FxHash: keys here are short runs of integers on the per-op path, where
+/// SipHash's DoS resistance buys nothing.
+#[derive(Default)]
+struct FxHasher(u64);
+
+impl std::hash::Hasher for FxHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        for chunk in bytes.chunks(8) {
+            let mut word = [0u8; 8];
+            word[..chunk.len()].copy_from_slice(chunk);
+            self.write_u64(u64::from_le_bytes(word));
+        }
+    }
+    fn write_u64(&mut self, x: u64) {
+        self.0 = (self.0.rotate_left(5) ^ x).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+    }
+    fn write_usize(&mut self, x: usize) {
+        self.write_u64(x as u64);
+    }
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+type FxMap<K, V> = HashMap<K, V, std::hash::BuildHasherDefault<FxHasher>>;
+
+static PLANS: LazyLock<RwLock<FxMap<Key, Arc<Plan>>>> = LazyLock::new(Default::default);
 
 /// The cache key of a call: the op and everything its program depends on,
 /// never the values of runtime operands.
@@ -161,7 +188,7 @@ fn plan(op: &OpDef, args: &[Arg], device: usize) -> Result<Arc<Plan>> {
 
 /// Small uploads (scalars) reused by value: a constant `alpha` or learning
 /// rate costs no transfer after its first use.
-static SCALARS: LazyLock<Mutex<HashMap<(usize, DType, u64), Arc<DeviceBuffer>>>> = LazyLock::new(Default::default);
+static SCALARS: LazyLock<Mutex<FxMap<(usize, DType, u64), Arc<DeviceBuffer>>>> = LazyLock::new(Default::default);
 
 /// How many scalar buffers the cache keeps alive (for leak accounting).
 pub fn cached_scalars() -> usize {

@@ -4,7 +4,7 @@
 //! `at::result_type`, broadcast together, and float16/bfloat16 are computed
 //! in float32 and rounded once, as PyTorch's CPU kernels do.
 use super::{op, Cx, Entry, Operand};
-use crate::dtype::{can_cast, DType, DEFAULT_FLOAT};
+use crate::dtype::{DType, DEFAULT_FLOAT};
 use crate::error::{Error, Result};
 use crate::ir::V;
 
@@ -14,8 +14,9 @@ pub static ENTRIES: &[Entry] = &[
     op("rsub", rsub),
     op("mul", |cx| arith(cx, "stablehlo.multiply")),
     op("div", div),
+    op("floor_divide", |cx| divide(cx, Some("floor"))),
     op("remainder", remainder),
-    op("fmod", |cx| arith(cx, "stablehlo.remainder")),
+    op("fmod", fmod),
     op("maximum", |cx| arith(cx, "stablehlo.maximum")),
     op("minimum", |cx| arith(cx, "stablehlo.minimum")),
     op("pow", pow),
@@ -34,11 +35,12 @@ pub static ENTRIES: &[Entry] = &[
     op("bitwise_or", |cx| bitwise(cx, "stablehlo.or")),
     op("bitwise_xor", |cx| bitwise(cx, "stablehlo.xor")),
     op("bitwise_not", bitwise_not),
-    op("neg", |cx| same_unary(cx, "stablehlo.negate")),
-    op("abs", |cx| same_unary(cx, "stablehlo.abs")),
-    op("sign", |cx| same_unary(cx, "stablehlo.sign")),
-    op("floor", |cx| same_unary(cx, "stablehlo.floor")),
-    op("ceil", |cx| same_unary(cx, "stablehlo.ceil")),
+    op("neg", neg),
+    op("abs", |cx| same_unary(cx, "stablehlo.abs", not_implemented("abs_cpu", DType::Bool))),
+    op("sign", sign),
+    op("sgn", sign),
+    op("floor", |cx| same_unary(cx, "stablehlo.floor", not_implemented("floor_vml_cpu", DType::Bool))),
+    op("ceil", |cx| same_unary(cx, "stablehlo.ceil", not_implemented("ceil_vml_cpu", DType::Bool))),
     op("round", round),
     op("trunc", trunc),
     op("exp", |cx| float_unary(cx, "stablehlo.exponential")),
@@ -51,6 +53,8 @@ pub static ENTRIES: &[Entry] = &[
     op("rsqrt", |cx| float_unary(cx, "stablehlo.rsqrt")),
     op("tanh", |cx| float_unary(cx, "stablehlo.tanh")),
     op("sigmoid", |cx| float_unary(cx, "stablehlo.logistic")),
+    op("tanh_backward", tanh_backward),
+    op("sigmoid_backward", sigmoid_backward),
     op("sin", |cx| float_unary(cx, "stablehlo.sine")),
     op("cos", |cx| float_unary(cx, "stablehlo.cosine")),
     op("tan", |cx| float_unary(cx, "stablehlo.tan")),
@@ -73,17 +77,37 @@ pub fn opmath(dtype: DType) -> DType {
 }
 
 /// Operands promoted to their common compute type: (values, result dtype).
-fn promoted(cx: &mut Cx, names: &[&str]) -> Result<(Vec<V>, DType)> {
+pub(super) fn promoted(cx: &mut Cx, names: &[&str]) -> Result<(Vec<V>, DType)> {
     let ops: Vec<Operand> = names.iter().map(|n| cx.operand(n)).collect::<Result<_>>()?;
     let dtype = cx.result_type(&ops);
     Ok((cx.promote_to(&ops, opmath(dtype))?, dtype))
 }
 
-fn finish(cx: &mut Cx, v: V, dtype: DType) -> Result<Vec<V>> {
+pub(super) fn finish(cx: &mut Cx, v: V, dtype: DType) -> Result<Vec<V>> {
     Ok(vec![cx.g.convert(v, dtype)])
 }
 
-fn arith(cx: &mut Cx, name: &'static str) -> Result<Vec<V>> {
+/// `x` (in opmath) rounded to `dtype` and back: the CPU kernels of
+/// float16/bfloat16 round some intermediate results. Identity otherwise.
+fn round_to(cx: &mut Cx, x: V, dtype: DType) -> V {
+    let ct = cx.g.ty(x).dtype;
+    let r = cx.g.convert(x, dtype);
+    cx.g.convert(r, ct)
+}
+
+/// A constant shaped like `like`.
+pub(super) fn full_like(cx: &mut Cx, value: f64, like: V) -> V {
+    let ty = cx.g.ty(like).clone();
+    cx.g.full(value, ty.dtype, &ty.shape)
+}
+
+/// CPU's error for a kernel without a version for `dtype`.
+pub(super) fn not_implemented(kernel: &str, dtype: DType) -> Error {
+    Error::not_implemented(format!("\"{kernel}\" not implemented for '{}'", dtype.torch_name()))
+}
+
+/// mul, maximum and minimum (also max/min with `other`).
+pub fn arith(cx: &mut Cx, name: &'static str) -> Result<Vec<V>> {
     let (v, dtype) = promoted(cx, &["self", "other"])?;
     let name = match (dtype, name) {
         (DType::Bool, "stablehlo.multiply") => "stablehlo.and",
@@ -91,8 +115,24 @@ fn arith(cx: &mut Cx, name: &'static str) -> Result<Vec<V>> {
         (DType::Bool, "stablehlo.minimum") => "stablehlo.and",
         _ => name,
     };
-    let r = cx.g.binary(name, v[0], v[1]);
+    let r = match name {
+        "stablehlo.maximum" | "stablehlo.minimum" => nan_extreme(cx, name, v[0], v[1]),
+        _ => cx.g.binary(name, v[0], v[1]),
+    };
     finish(cx, r, dtype)
+}
+
+/// Elementwise maximum/minimum where a NaN operand gives NaN, as on CPU
+/// (XLA's CPU max/min may drop it).
+fn nan_extreme(cx: &mut Cx, name: &'static str, a: V, b: V) -> V {
+    let r = cx.g.binary(name, a, b);
+    if !cx.g.ty(a).dtype.is_float() {
+        return r;
+    }
+    let a_nan = cx.g.compare("NE", a, a);
+    let r = cx.g.select(a_nan, a, r);
+    let b_nan = cx.g.compare("NE", b, b);
+    cx.g.select(b_nan, b, r)
 }
 
 /// `self ± alpha * other`.
@@ -130,18 +170,31 @@ fn rsub(cx: &mut Cx) -> Result<Vec<V>> {
 
 fn div(cx: &mut Cx) -> Result<Vec<V>> {
     let mode = if cx.has("rounding_mode") && !cx.is_none("rounding_mode") { Some(cx.str("rounding_mode")?) } else { None };
+    divide(cx, mode)
+}
+
+/// True division, or division rounded toward zero ("trunc") or down ("floor").
+fn divide(cx: &mut Cx, mode: Option<&str>) -> Result<Vec<V>> {
     let ops = [cx.operand("self")?, cx.operand("other")?];
     let common = cx.result_type(&ops);
     let dtype = if mode.is_none() && !common.is_float() { DEFAULT_FLOAT } else { common };
     let v = cx.promote_to(&ops, opmath(dtype))?;
-    let q = cx.g.binary("stablehlo.divide", v[0], v[1]);
-    let r = match mode {
-        None => q,
-        Some("trunc") if dtype.is_float() => trunc_value(cx, q),
-        Some("trunc") => q,
-        Some("floor") if dtype.is_float() => cx.g.unary("stablehlo.floor", q),
-        Some("floor") => floor_div_int(cx, v[0], v[1], q),
-        Some(other) => {
+    let (a, b) = (v[0], v[1]);
+    let r = match (mode, dtype) {
+        (None, _) => cx.g.binary("stablehlo.divide", a, b),
+        (Some("trunc" | "floor"), DType::Bool) => {
+            return Err(not_implemented(&format!("div_{}_cpu", mode.unwrap_or_default()), dtype))
+        }
+        (Some("trunc"), _) if dtype.is_float() => {
+            // The CPU kernel truncates the quotient rounded to the dtype.
+            let q = cx.g.binary("stablehlo.divide", a, b);
+            let q = round_to(cx, q, dtype);
+            trunc_value(cx, q)
+        }
+        (Some("trunc"), _) => div_rem(cx, "stablehlo.divide", a, b),
+        (Some("floor"), _) if dtype.is_float() => floor_div_float(cx, a, b, dtype),
+        (Some("floor"), _) => floor_div_int(cx, a, b),
+        (Some(other), _) => {
             return Err(Error::runtime(format!(
                 "div expected rounding_mode to be one of None, 'trunc', or 'floor' but found '{other}'"
             )))
@@ -150,12 +203,80 @@ fn div(cx: &mut Cx) -> Result<Vec<V>> {
     finish(cx, r, dtype)
 }
 
+/// PyTorch's `div_floor_floating`: floor division through fmod, exact
+/// where floor(a / b) would round wrongly. Every step is rounded to
+/// `dtype`, as the float16/bfloat16 CPU kernels do.
+fn floor_div_float(cx: &mut Cx, a: V, b: V, dtype: DType) -> V {
+    let (zero, one, half) = (full_like(cx, 0.0, a), full_like(cx, 1.0, a), full_like(cx, 0.5, a));
+    let m = cx.g.binary("stablehlo.remainder", a, b);
+    let m = round_to(cx, m, dtype);
+    let exact = cx.g.binary("stablehlo.subtract", a, m);
+    let exact = round_to(cx, exact, dtype);
+    let div = cx.g.binary("stablehlo.divide", exact, b);
+    let div = round_to(cx, div, dtype);
+    // A remainder of the other sign than b means the quotient was rounded up.
+    let m_nonzero = cx.g.compare("NE", m, zero);
+    let m_neg = cx.g.compare("LT", m, zero);
+    let b_neg = cx.g.compare("LT", b, zero);
+    let signs = cx.g.compare("NE", b_neg, m_neg);
+    let fix = cx.g.binary("stablehlo.and", m_nonzero, signs);
+    let down = cx.g.binary("stablehlo.subtract", div, one);
+    let down = round_to(cx, down, dtype);
+    let div = cx.g.select(fix, down, div);
+    let floor = cx.g.unary("stablehlo.floor", div);
+    let frac = cx.g.binary("stablehlo.subtract", div, floor);
+    let frac = round_to(cx, frac, dtype);
+    let up = cx.g.compare("GT", frac, half);
+    let floor_up = cx.g.binary("stablehlo.add", floor, one);
+    let floor_up = round_to(cx, floor_up, dtype);
+    let floor = cx.g.select(up, floor_up, floor);
+    // A zero quotient keeps the sign of a / b; division by zero gives a / b.
+    let q = cx.g.binary("stablehlo.divide", a, b);
+    let q = round_to(cx, q, dtype);
+    let signed_zero = cx.g.binary("stablehlo.multiply", q, zero);
+    let div_zero = cx.g.compare("EQ", div, zero);
+    let floor = cx.g.select(div_zero, signed_zero, floor);
+    let b_zero = cx.g.compare("EQ", b, zero);
+    cx.g.select(b_zero, q, floor)
+}
+
+/// `a / b` or `a % b` (C's fmod for floats). Integers never divide by 0
+/// or -1 in the program: XLA folds operations on constants (zero-size or
+/// never-written tensors read as zeros) when compiling, and traps on
+/// both. a / -1 is -a, a % -1 is 0; division by zero (an error on CPU)
+/// gives a / 1.
+fn div_rem(cx: &mut Cx, name: &'static str, a: V, b: V) -> V {
+    let dtype = cx.g.ty(a).dtype;
+    if dtype.is_float() {
+        return cx.g.binary(name, a, b);
+    }
+    let (zero, one) = (full_like(cx, 0.0, b), full_like(cx, 1.0, b));
+    let mut unsafe_divisor = cx.g.compare("EQ", b, zero);
+    let signed = !matches!(dtype, DType::U8 | DType::U32 | DType::U64);
+    let minus_one = if signed {
+        let m = full_like(cx, -1.0, b);
+        let is_m = cx.g.compare("EQ", b, m);
+        unsafe_divisor = cx.g.binary("stablehlo.or", unsafe_divisor, is_m);
+        Some(is_m)
+    } else {
+        None
+    };
+    let safe = cx.g.select(unsafe_divisor, one, b);
+    let r = cx.g.binary(name, a, safe);
+    match minus_one {
+        Some(is_m) if name == "stablehlo.divide" => {
+            let neg = cx.g.unary("stablehlo.negate", a);
+            cx.g.select(is_m, neg, r)
+        }
+        _ => r,
+    }
+}
+
 /// Integer floor division from the truncating quotient.
-fn floor_div_int(cx: &mut Cx, a: V, b: V, q: V) -> V {
-    let ty = cx.g.ty(a).clone();
-    let zero = cx.g.full(0.0, ty.dtype, &ty.shape);
-    let one = cx.g.full(1.0, ty.dtype, &ty.shape);
-    let rem = cx.g.binary("stablehlo.remainder", a, b);
+fn floor_div_int(cx: &mut Cx, a: V, b: V) -> V {
+    let (zero, one) = (full_like(cx, 0.0, a), full_like(cx, 1.0, a));
+    let q = div_rem(cx, "stablehlo.divide", a, b);
+    let rem = div_rem(cx, "stablehlo.remainder", a, b);
     let inexact = cx.g.compare("NE", rem, zero);
     let a_neg = cx.g.compare("LT", a, zero);
     let b_neg = cx.g.compare("LT", b, zero);
@@ -165,11 +286,17 @@ fn floor_div_int(cx: &mut Cx, a: V, b: V, q: V) -> V {
     cx.g.select(fix, down, q)
 }
 
+fn fmod(cx: &mut Cx) -> Result<Vec<V>> {
+    let (v, dtype) = promoted(cx, &["self", "other"])?;
+    let r = div_rem(cx, "stablehlo.remainder", v[0], v[1]);
+    finish(cx, r, dtype)
+}
+
 /// Python's modulo: the result takes the divisor's sign.
 fn remainder(cx: &mut Cx) -> Result<Vec<V>> {
     let (v, dtype) = promoted(cx, &["self", "other"])?;
     let ty = cx.g.ty(v[0]).clone();
-    let rem = cx.g.binary("stablehlo.remainder", v[0], v[1]);
+    let rem = div_rem(cx, "stablehlo.remainder", v[0], v[1]);
     let zero = cx.g.full(0.0, ty.dtype, &ty.shape);
     let nonzero = cx.g.compare("NE", rem, zero);
     let rem_neg = cx.g.compare("LT", rem, zero);
@@ -183,8 +310,39 @@ fn remainder(cx: &mut Cx) -> Result<Vec<V>> {
 
 fn pow(cx: &mut Cx) -> Result<Vec<V>> {
     let (v, dtype) = promoted(cx, &["self", "exponent"])?;
-    let r = cx.g.binary("stablehlo.power", v[0], v[1]);
+    let r = if dtype.is_float() { cx.g.binary("stablehlo.power", v[0], v[1]) } else { int_pow(cx, v[0], v[1]) };
     finish(cx, r, dtype)
+}
+
+/// Integer power by squaring over every bit of the exponent, wrapping on
+/// overflow as CPU does (XLA's integer power assumes it does not
+/// overflow). Negative exponents give 1 / base rounded toward zero.
+fn int_pow(cx: &mut Cx, base: V, exp: V) -> V {
+    let ty = cx.g.ty(base).clone();
+    let (zero, one) = (full_like(cx, 0.0, base), full_like(cx, 1.0, base));
+    let (mut result, mut square, mut rest) = (one, base, exp);
+    for _ in 0..ty.dtype.size() * 8 {
+        let bit = cx.g.binary("stablehlo.and", rest, one);
+        let odd = cx.g.compare("NE", bit, zero);
+        let product = cx.g.binary("stablehlo.multiply", result, square);
+        result = cx.g.select(odd, product, result);
+        square = cx.g.binary("stablehlo.multiply", square, square);
+        rest = cx.g.binary("stablehlo.shift_right_logical", rest, one);
+    }
+    if ty.dtype == DType::U8 {
+        return result;
+    }
+    // base^-n is 1 for base 1, ±1 for base -1, else 0.
+    let minus_one = full_like(cx, -1.0, base);
+    let is_one = cx.g.compare("EQ", base, one);
+    let is_minus_one = cx.g.compare("EQ", base, minus_one);
+    let exp_bit = cx.g.binary("stablehlo.and", exp, one);
+    let exp_odd = cx.g.compare("NE", exp_bit, zero);
+    let sign = cx.g.select(exp_odd, minus_one, one);
+    let unit = cx.g.select(is_minus_one, sign, zero);
+    let reciprocal = cx.g.select(is_one, one, unit);
+    let negative = cx.g.compare("LT", exp, zero);
+    cx.g.select(negative, reciprocal, result)
 }
 
 /// Binary op whose integer inputs produce the default float dtype.
@@ -230,22 +388,40 @@ fn logical_not(cx: &mut Cx) -> Result<Vec<V>> {
 fn bitwise(cx: &mut Cx, name: &'static str) -> Result<Vec<V>> {
     let (v, dtype) = promoted(cx, &["self", "other"])?;
     if dtype.is_float() {
-        return Err(Error::runtime(format!("\"{}_cpu\" not implemented for '{}'", cx.op.name.trim_start_matches("aten::"), dtype.torch_name())));
+        return Err(not_implemented(&format!("{}_cpu", base_name(cx)), dtype));
     }
     Ok(vec![cx.g.binary(name, v[0], v[1])])
 }
 
+/// The op's name without namespace, overload and in-place `_`.
+fn base_name<'a>(cx: &Cx<'a>) -> &'a str {
+    let name = cx.op.name.trim_start_matches("aten::");
+    name.split('.').next().unwrap_or(name).trim_end_matches('_')
+}
+
 fn bitwise_not(cx: &mut Cx) -> Result<Vec<V>> {
+    let t = cx.meta("self")?;
+    if t.dtype.is_float() {
+        return Err(not_implemented("bitwise_not_cpu", t.dtype));
+    }
     let x = cx.tensor("self")?;
     Ok(vec![cx.g.unary("stablehlo.not", x)])
 }
 
-fn same_unary(cx: &mut Cx, name: &'static str) -> Result<Vec<V>> {
+fn neg(cx: &mut Cx) -> Result<Vec<V>> {
+    let bool_error = Error::not_implemented(
+        "Negation, the `-` operator, on a bool tensor is not supported. If you are trying to invert a mask, use the `~` or `logical_not()` operator instead.",
+    );
+    same_unary(cx, "stablehlo.negate", bool_error)
+}
+
+/// A unary op keeping the dtype; bool inputs raise `bool_error`, CPU's.
+fn same_unary(cx: &mut Cx, name: &'static str, bool_error: Error) -> Result<Vec<V>> {
     let t = cx.meta("self")?;
-    let x = cx.tensor("self")?;
-    if t.dtype == DType::Bool && name != "stablehlo.abs" {
-        return Ok(vec![x]);
+    if t.dtype == DType::Bool {
+        return Err(bool_error);
     }
+    let x = cx.tensor("self")?;
     if !t.dtype.is_float() && matches!(name, "stablehlo.floor" | "stablehlo.ceil") {
         return Ok(vec![x]);
     }
@@ -295,8 +471,25 @@ fn trunc_value(cx: &mut Cx, x: V) -> V {
     cx.g.select(neg, up, down)
 }
 
+/// `(x > 0) - (x < 0)`: NaN and -0.0 give 0, as on CPU.
+fn sign(cx: &mut Cx) -> Result<Vec<V>> {
+    let t = cx.meta("self")?;
+    let x = cx.tensor("self")?;
+    if t.dtype == DType::Bool {
+        return Ok(vec![x]);
+    }
+    let zero = full_like(cx, 0.0, x);
+    let pos = cx.g.compare("GT", x, zero);
+    let neg = cx.g.compare("LT", x, zero);
+    let (pos, neg) = (cx.g.convert(pos, t.dtype), cx.g.convert(neg, t.dtype));
+    Ok(vec![cx.g.binary("stablehlo.subtract", pos, neg)])
+}
+
 fn trunc(cx: &mut Cx) -> Result<Vec<V>> {
     let t = cx.meta("self")?;
+    if t.dtype == DType::Bool {
+        return Err(not_implemented("trunc_vml_cpu", t.dtype));
+    }
     let x = cx.tensor("self")?;
     if !t.dtype.is_float() {
         return Ok(vec![x]);
@@ -308,12 +501,18 @@ fn trunc(cx: &mut Cx) -> Result<Vec<V>> {
 
 fn round(cx: &mut Cx) -> Result<Vec<V>> {
     let t = cx.meta("self")?;
+    let decimals = if cx.has("decimals") { Some(cx.int("decimals")?) } else { None };
+    match (t.dtype, decimals) {
+        (DType::Bool, None) => return Err(not_implemented("round_vml_cpu", t.dtype)),
+        (dtype, Some(_)) if !dtype.is_float() => return Err(not_implemented("round_cpu", dtype)),
+        _ => {}
+    }
     let x = cx.tensor("self")?;
     if !t.dtype.is_float() {
         return Ok(vec![x]);
     }
     let x = cx.g.convert(x, opmath(t.dtype));
-    let decimals = if cx.has("decimals") { cx.int("decimals")? } else { 0 };
+    let decimals = decimals.unwrap_or(0);
     let r = if decimals == 0 {
         cx.g.unary("stablehlo.round_nearest_even", x)
     } else {
@@ -351,21 +550,22 @@ fn clamp(cx: &mut Cx) -> Result<Vec<V>> {
     let mut r = v[0];
     for (i, b) in bounds.iter().enumerate() {
         let op = if *b == "min" { "stablehlo.maximum" } else { "stablehlo.minimum" };
-        r = cx.g.binary(op, r, v[i + 1]);
+        r = nan_extreme(cx, op, r, v[i + 1]);
     }
     finish(cx, r, dtype)
 }
 
+/// `value` where `mask`, else `self`; the value is converted to self's dtype
+/// (CPU's overflow check of that conversion depends on the runtime value
+/// and is not made).
 fn masked_fill(cx: &mut Cx) -> Result<Vec<V>> {
     let t = cx.meta("self")?;
     let x = cx.tensor("self")?;
     let mask = cx.tensor("mask")?;
     let value = cx.operand("value")?;
-    if !can_cast(value.dtype, t.dtype) && !(value.dtype.is_float() && t.dtype.is_int()) {
-        return Err(Error::runtime(format!("value cannot be converted to type {} without overflow", t.dtype.torch_name())));
-    }
-    let shape = cx.g.ty(x).shape.clone();
-    let mask = cx.g.broadcast_to(mask, &shape);
+    let shapes = [cx.g.ty(x).shape.clone(), cx.g.ty(mask).shape.clone()];
+    let shape = crate::ir::broadcast_all(&[&shapes[0], &shapes[1]])?;
+    let (x, mask) = (cx.g.broadcast_to(x, &shape), cx.g.broadcast_to(mask, &shape));
     let fill = cx.g.convert(value.v, t.dtype);
     let fill = cx.g.broadcast_in_dim(fill, &shape, &[]);
     Ok(vec![cx.g.select(mask, fill, x)])
@@ -404,6 +604,28 @@ fn addc(cx: &mut Cx, name: &'static str) -> Result<Vec<V>> {
     }
     let t = cx.g.binary(name, t1, v[2]);
     let r = cx.g.binary("stablehlo.add", v[0], t);
+    finish(cx, r, dtype)
+}
+
+/// tanh's derivative from its output: `grad * (1 - y²)`.
+fn tanh_backward(cx: &mut Cx) -> Result<Vec<V>> {
+    let (v, dtype) = promoted(cx, &["grad_output", "output"])?;
+    let (grad, y) = (v[0], v[1]);
+    let one = full_like(cx, 1.0, y);
+    let y2 = cx.g.binary("stablehlo.multiply", y, y);
+    let d = cx.g.binary("stablehlo.subtract", one, y2);
+    let r = cx.g.binary("stablehlo.multiply", grad, d);
+    finish(cx, r, dtype)
+}
+
+/// sigmoid's derivative from its output: `grad * (1 - y) * y`.
+fn sigmoid_backward(cx: &mut Cx) -> Result<Vec<V>> {
+    let (v, dtype) = promoted(cx, &["grad_output", "output"])?;
+    let (grad, y) = (v[0], v[1]);
+    let one = full_like(cx, 1.0, y);
+    let d = cx.g.binary("stablehlo.subtract", one, y);
+    let r = cx.g.binary("stablehlo.multiply", grad, d);
+    let r = cx.g.binary("stablehlo.multiply", r, y);
     finish(cx, r, dtype)
 }
 

@@ -1,10 +1,97 @@
-//! Neural-network operators: activations and their backward.
-use super::elementwise::opmath;
-use super::{op, Cx, Entry};
-use crate::error::Result;
-use crate::ir::V;
+//! Neural-network operators: activations, softmax, losses, dropout and
+//! embedding, with the backward operators autograd calls.
+//!
+//! Formulas follow PyTorch's CPU kernels, computed in the opmath type
+//! (float16/bfloat16 in float32, rounded once). Scalar arguments (slopes,
+//! `alpha`, `beta`, `p`, ...) are runtime operands.
+use super::elementwise::{finish, full_like, not_implemented, opmath, promoted};
+use super::random::uniform01;
+use super::{op, wrap_dim, Cx, Entry};
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::ir::{ReduceKind, V};
 
-pub static ENTRIES: &[Entry] = &[op("relu", relu), op("threshold_backward", threshold_backward)];
+pub static ENTRIES: &[Entry] = &[
+    op("relu", relu),
+    op("threshold_backward", threshold_backward),
+    op("gelu", gelu),
+    op("gelu_backward", gelu_backward),
+    op("silu", silu),
+    op("silu_backward", silu_backward),
+    op("leaky_relu", leaky_relu),
+    op("leaky_relu_backward", leaky_relu_backward),
+    op("elu", elu),
+    op("elu_backward", elu_backward),
+    op("hardtanh", hardtanh),
+    op("hardtanh_backward", hardtanh_backward),
+    op("softplus", softplus),
+    op("softplus_backward", softplus_backward),
+    op("_softmax", |cx| softmax(cx, false)),
+    op("_log_softmax", |cx| softmax(cx, true)),
+    op("_softmax_backward_data", |cx| softmax_backward(cx, false)),
+    op("_log_softmax_backward_data", |cx| softmax_backward(cx, true)),
+    op("nll_loss_forward", |cx| nll_loss_forward(cx, false)),
+    op("nll_loss2d_forward", |cx| nll_loss_forward(cx, true)),
+    op("nll_loss_backward", |cx| nll_loss_backward(cx, false)),
+    op("nll_loss2d_backward", |cx| nll_loss_backward(cx, true)),
+    op("mse_loss", mse_loss),
+    op("mse_loss_backward", mse_loss_backward),
+    op("native_dropout", native_dropout),
+    op("native_dropout_backward", native_dropout_backward),
+    op("embedding_dense_backward", embedding_dense_backward),
+];
+
+// ------------------------------------------------------------------ helpers
+
+fn add(cx: &mut Cx, a: V, b: V) -> V {
+    cx.g.binary("stablehlo.add", a, b)
+}
+
+fn sub(cx: &mut Cx, a: V, b: V) -> V {
+    cx.g.binary("stablehlo.subtract", a, b)
+}
+
+fn mul(cx: &mut Cx, a: V, b: V) -> V {
+    cx.g.binary("stablehlo.multiply", a, b)
+}
+
+fn div(cx: &mut Cx, a: V, b: V) -> V {
+    cx.g.binary("stablehlo.divide", a, b)
+}
+
+/// The runtime scalar argument `name`, splat to `like`'s type.
+fn scalar_as(cx: &mut Cx, name: &str, like: V) -> Result<V> {
+    let ty = cx.g.ty(like).clone();
+    Ok(cx.scalar_like(name, ty.dtype, &ty.shape)?.expect("required scalar argument"))
+}
+
+/// `x > 0 ? pos : neg`.
+fn where_positive(cx: &mut Cx, x: V, pos: V, neg: V) -> V {
+    let zero = full_like(cx, 0.0, x);
+    let positive = cx.g.compare("GT", x, zero);
+    cx.g.select(positive, pos, neg)
+}
+
+/// `self` in its compute type, for kernels PyTorch defines on floating types
+/// only (`kernel` names the CPU kernel in the error): (value, result dtype).
+fn float_self(cx: &mut Cx, kernel: &str) -> Result<(V, DType)> {
+    let dtype = cx.meta("self")?.dtype;
+    if !dtype.is_float() {
+        return Err(not_implemented(kernel, dtype));
+    }
+    let x = cx.tensor("self")?;
+    Ok((cx.g.convert(x, opmath(dtype)), dtype))
+}
+
+/// Reduces `x` over `dims` and broadcasts the result back to x's shape.
+fn reduce_back(cx: &mut Cx, kind: ReduceKind, x: V, dims: &[usize]) -> V {
+    let shape = cx.g.ty(x).shape.clone();
+    let r = cx.g.reduce(kind, x, dims);
+    let kept: Vec<i64> = (0..shape.len()).filter(|d| !dims.contains(d)).map(|d| d as i64).collect();
+    cx.g.broadcast_in_dim(r, &shape, &kept)
+}
+
+// ------------------------------------------------------------------ activations
 
 fn relu(cx: &mut Cx) -> Result<Vec<V>> {
     let t = cx.meta("self")?;
@@ -24,4 +111,670 @@ fn threshold_backward(cx: &mut Cx) -> Result<Vec<V>> {
     let zero = cx.g.full(0.0, t.dtype, t.sizes);
     let keep = cx.g.compare("GT", x, th);
     Ok(vec![cx.g.select(keep, g, zero)])
+}
+
+/// Whether `approximate` selects the tanh form of GELU.
+fn gelu_tanh(cx: &Cx) -> Result<bool> {
+    match cx.str("approximate")? {
+        "none" => Ok(false),
+        "tanh" => Ok(true),
+        _ => Err(Error::runtime("approximate argument must be either none or tanh.")),
+    }
+}
+
+/// The tanh form's `tanh(sqrt(2/pi) * (x + 0.044715 x^3))`.
+fn gelu_inner_tanh(cx: &mut Cx, x: V) -> V {
+    let beta = full_like(cx, (2.0 / std::f64::consts::PI).sqrt(), x);
+    let kappa = full_like(cx, 0.044715, x);
+    let x2 = mul(cx, x, x);
+    let x3 = mul(cx, x2, x);
+    let k = mul(cx, kappa, x3);
+    let s = add(cx, x, k);
+    let inner = mul(cx, beta, s);
+    cx.g.unary("stablehlo.tanh", inner)
+}
+
+/// The normal CDF `0.5 (1 + erf(x / sqrt 2))`.
+fn normal_cdf(cx: &mut Cx, x: V) -> V {
+    let r = full_like(cx, std::f64::consts::FRAC_1_SQRT_2, x);
+    let xr = mul(cx, x, r);
+    let e = cx.g.unary("chlo.erf", xr);
+    let one = full_like(cx, 1.0, x);
+    let s = add(cx, one, e);
+    let half = full_like(cx, 0.5, x);
+    mul(cx, half, s)
+}
+
+fn gelu(cx: &mut Cx) -> Result<Vec<V>> {
+    let tanh = gelu_tanh(cx)?;
+    let (x, dtype) = float_self(cx, "GeluKernelImpl")?;
+    let r = if tanh {
+        let t = gelu_inner_tanh(cx, x);
+        let one = full_like(cx, 1.0, x);
+        let s = add(cx, one, t);
+        let half = full_like(cx, 0.5, x);
+        let hx = mul(cx, half, x);
+        mul(cx, hx, s)
+    } else {
+        let cdf = normal_cdf(cx, x);
+        mul(cx, x, cdf)
+    };
+    finish(cx, r, dtype)
+}
+
+fn gelu_backward(cx: &mut Cx) -> Result<Vec<V>> {
+    let tanh = gelu_tanh(cx)?;
+    let (v, dtype) = promoted(cx, &["grad_output", "self"])?;
+    let (g, x) = (v[0], v[1]);
+    let half = full_like(cx, 0.5, x);
+    let one = full_like(cx, 1.0, x);
+    let d = if tanh {
+        // d/dx [0.5 x (1 + t)] = 0.5 (1 + t) + 0.5 x (1 - t^2) inner'(x)
+        let t = gelu_inner_tanh(cx, x);
+        let right = add(cx, one, t);
+        let left_d = mul(cx, half, right);
+        let t2 = mul(cx, t, t);
+        let tanh_d = sub(cx, one, t2);
+        let c = full_like(cx, 3.0 * 0.044715, x);
+        let x2 = mul(cx, x, x);
+        let cx2 = mul(cx, c, x2);
+        let s = add(cx, one, cx2);
+        let beta = full_like(cx, (2.0 / std::f64::consts::PI).sqrt(), x);
+        let inner_d = mul(cx, beta, s);
+        let left = mul(cx, half, x);
+        let right_d = mul(cx, left, tanh_d);
+        let right_d = mul(cx, right_d, inner_d);
+        add(cx, left_d, right_d)
+    } else {
+        // cdf(x) + x pdf(x)
+        let cdf = normal_cdf(cx, x);
+        let x2 = mul(cx, x, x);
+        let mhalf = full_like(cx, -0.5, x);
+        let e = mul(cx, x2, mhalf);
+        let e = cx.g.unary("stablehlo.exponential", e);
+        let k = full_like(cx, 0.5 * std::f64::consts::FRAC_2_SQRT_PI * std::f64::consts::FRAC_1_SQRT_2, x);
+        let pdf = mul(cx, k, e);
+        let xpdf = mul(cx, x, pdf);
+        add(cx, cdf, xpdf)
+    };
+    let r = mul(cx, g, d);
+    finish(cx, r, dtype)
+}
+
+/// `1 + exp(-x)`, the denominator of sigmoid and silu.
+fn one_plus_exp_neg(cx: &mut Cx, x: V) -> V {
+    let n = cx.g.unary("stablehlo.negate", x);
+    let e = cx.g.unary("stablehlo.exponential", n);
+    let one = full_like(cx, 1.0, x);
+    add(cx, one, e)
+}
+
+/// `x / (1 + exp(-x))`.
+fn silu(cx: &mut Cx) -> Result<Vec<V>> {
+    let (x, dtype) = float_self(cx, "silu_cpu")?;
+    let d = one_plus_exp_neg(cx, x);
+    let r = div(cx, x, d);
+    finish(cx, r, dtype)
+}
+
+/// `g s (1 + x (1 - s))` with `s = sigmoid(x)`.
+fn silu_backward(cx: &mut Cx) -> Result<Vec<V>> {
+    let (v, dtype) = promoted(cx, &["grad_output", "self"])?;
+    let (g, x) = (v[0], v[1]);
+    let d = one_plus_exp_neg(cx, x);
+    let one = full_like(cx, 1.0, x);
+    let s = div(cx, one, d);
+    let oms = sub(cx, one, s);
+    let xo = mul(cx, x, oms);
+    let f = add(cx, one, xo);
+    let gs = mul(cx, g, s);
+    let r = mul(cx, gs, f);
+    finish(cx, r, dtype)
+}
+
+fn leaky_relu(cx: &mut Cx) -> Result<Vec<V>> {
+    let (x, dtype) = float_self(cx, "leaky_relu_cpu")?;
+    let slope = scalar_as(cx, "negative_slope", x)?;
+    let neg = mul(cx, x, slope);
+    let r = where_positive(cx, x, x, neg);
+    finish(cx, r, dtype)
+}
+
+fn leaky_relu_backward(cx: &mut Cx) -> Result<Vec<V>> {
+    let (v, dtype) = promoted(cx, &["grad_output", "self"])?;
+    let (g, x) = (v[0], v[1]);
+    let slope = scalar_as(cx, "negative_slope", x)?;
+    let neg = mul(cx, g, slope);
+    let r = where_positive(cx, x, g, neg);
+    finish(cx, r, dtype)
+}
+
+/// elu's runtime coefficients splat like `like`: (alpha * scale, scale, input_scale).
+fn elu_coefficients(cx: &mut Cx, like: V) -> Result<(V, V, V)> {
+    let alpha = scalar_as(cx, "alpha", like)?;
+    let scale = scalar_as(cx, "scale", like)?;
+    let input_scale = scalar_as(cx, "input_scale", like)?;
+    Ok((mul(cx, alpha, scale), scale, input_scale))
+}
+
+/// `x > 0 ? x scale : alpha scale (exp(x input_scale) - 1)`.
+fn elu(cx: &mut Cx) -> Result<Vec<V>> {
+    let (x, dtype) = float_self(cx, "elu_cpu")?;
+    let (negcoef, scale, input_scale) = elu_coefficients(cx, x)?;
+    let xi = mul(cx, x, input_scale);
+    let e = cx.g.unary("stablehlo.exponential_minus_one", xi);
+    let neg = mul(cx, e, negcoef);
+    let pos = mul(cx, x, scale);
+    let r = where_positive(cx, x, pos, neg);
+    finish(cx, r, dtype)
+}
+
+/// The derivative from the input, or from the result `y` after an in-place
+/// elu (`is_result`), where it is `input_scale (y + alpha scale)`.
+fn elu_backward(cx: &mut Cx) -> Result<Vec<V>> {
+    let (v, dtype) = promoted(cx, &["grad_output", "self_or_result"])?;
+    let (g, y) = (v[0], v[1]);
+    let (negcoef, scale, input_scale) = elu_coefficients(cx, y)?;
+    let gi = mul(cx, g, input_scale);
+    let neg = if cx.bool("is_result")? {
+        let s = add(cx, y, negcoef);
+        mul(cx, gi, s)
+    } else {
+        let yi = mul(cx, y, input_scale);
+        let e = cx.g.unary("stablehlo.exponential", yi);
+        let gn = mul(cx, gi, negcoef);
+        mul(cx, gn, e)
+    };
+    let pos = mul(cx, g, scale);
+    let r = where_positive(cx, y, pos, neg);
+    finish(cx, r, dtype)
+}
+
+/// clamp to [min_val, max_val]; the bounds take self's type (integer
+/// inputs truncate them), as on CPU.
+fn hardtanh(cx: &mut Cx) -> Result<Vec<V>> {
+    let t = cx.meta("self")?;
+    if t.dtype == DType::Bool {
+        return Err(Error::not_implemented("Bool inputs not supported for hardtanh"));
+    }
+    let x = cx.tensor("self")?;
+    let x = cx.g.convert(x, opmath(t.dtype));
+    let lo = scalar_as(cx, "min_val", x)?;
+    let hi = scalar_as(cx, "max_val", x)?;
+    let r = cx.g.binary("stablehlo.maximum", x, lo);
+    let r = cx.g.binary("stablehlo.minimum", r, hi);
+    finish(cx, r, t.dtype)
+}
+
+/// 0 where `self <= min_val` or `self >= max_val`, else `grad_output`.
+fn hardtanh_backward(cx: &mut Cx) -> Result<Vec<V>> {
+    let (v, dtype) = promoted(cx, &["grad_output", "self"])?;
+    let (g, x) = (v[0], v[1]);
+    let lo = scalar_as(cx, "min_val", x)?;
+    let hi = scalar_as(cx, "max_val", x)?;
+    let below = cx.g.compare("LE", x, lo);
+    let above = cx.g.compare("GE", x, hi);
+    let out = cx.g.binary("stablehlo.or", below, above);
+    let zero = full_like(cx, 0.0, g);
+    let r = cx.g.select(out, zero, g);
+    finish(cx, r, dtype)
+}
+
+/// softplus's `(x beta, x beta > threshold, beta)`: above the threshold it is linear.
+fn softplus_parts(cx: &mut Cx, x: V) -> Result<(V, V, V)> {
+    let beta = scalar_as(cx, "beta", x)?;
+    let threshold = scalar_as(cx, "threshold", x)?;
+    let xb = mul(cx, x, beta);
+    let linear = cx.g.compare("GT", xb, threshold);
+    Ok((xb, linear, beta))
+}
+
+/// `log(1 + exp(x beta)) / beta`, or x above the threshold.
+fn softplus(cx: &mut Cx) -> Result<Vec<V>> {
+    let (x, dtype) = float_self(cx, "softplus_cpu")?;
+    let (xb, linear, beta) = softplus_parts(cx, x)?;
+    let e = cx.g.unary("stablehlo.exponential", xb);
+    let l = cx.g.unary("stablehlo.log_plus_one", e);
+    let soft = div(cx, l, beta);
+    let r = cx.g.select(linear, x, soft);
+    finish(cx, r, dtype)
+}
+
+/// `g z / (z + 1)` with `z = exp(x beta)`, or g above the threshold.
+fn softplus_backward(cx: &mut Cx) -> Result<Vec<V>> {
+    let (v, dtype) = promoted(cx, &["grad_output", "self"])?;
+    let (g, x) = (v[0], v[1]);
+    let (xb, linear, _) = softplus_parts(cx, x)?;
+    let z = cx.g.unary("stablehlo.exponential", xb);
+    let one = full_like(cx, 1.0, z);
+    let z1 = add(cx, z, one);
+    let gz = mul(cx, g, z);
+    let soft = div(cx, gz, z1);
+    let r = cx.g.select(linear, g, soft);
+    finish(cx, r, dtype)
+}
+
+// ------------------------------------------------------------------ softmax
+
+/// The softmax dimension as a reduction list (none for a 0-d tensor, whose
+/// softmax is over its single element).
+fn softmax_dims(cx: &Cx, rank: usize) -> Result<Vec<usize>> {
+    let dim = wrap_dim(cx.int("dim")?, rank)?;
+    Ok(if rank == 0 { vec![] } else { vec![dim] })
+}
+
+/// Numerically stable: `exp(x - max) / sum` and `x - max - log(sum)`.
+/// `half_to_float` makes a float16/bfloat16 input give a float32 result.
+fn softmax(cx: &mut Cx, log: bool) -> Result<Vec<V>> {
+    let t = cx.meta("self")?;
+    let rank = t.sizes.len();
+    let dims = softmax_dims(cx, rank)?;
+    if !t.dtype.is_float() {
+        let last = dims.first().map_or(true, |&d| d + 1 == rank);
+        let kernel = format!("{}softmax{}_kernel_impl", if log { "log_" } else { "" }, if last { "_lastdim" } else { "" });
+        return Err(not_implemented(&kernel, t.dtype));
+    }
+    let ct = opmath(t.dtype);
+    let dtype = if cx.bool("half_to_float")? { ct } else { t.dtype };
+    let x = cx.tensor("self")?;
+    let x = cx.g.convert(x, ct);
+    let max = reduce_back(cx, ReduceKind::Max, x, &dims);
+    let shifted = sub(cx, x, max);
+    let e = cx.g.unary("stablehlo.exponential", shifted);
+    let sum = reduce_back(cx, ReduceKind::Sum, e, &dims);
+    let r = if log {
+        let l = cx.g.unary("stablehlo.log", sum);
+        sub(cx, shifted, l)
+    } else {
+        div(cx, e, sum)
+    };
+    finish(cx, r, dtype)
+}
+
+/// From the forward's output y: softmax `y (g - sum(g y))`, log_softmax
+/// `g - exp(y) sum(g)`.
+fn softmax_backward(cx: &mut Cx, log: bool) -> Result<Vec<V>> {
+    let (gt, yt) = (cx.meta("grad_output")?, cx.meta("output")?);
+    if gt.sizes != yt.sizes {
+        return Err(Error::runtime(format!(
+            "Expected tensor for argument #1 'grad' to have same size as tensor for argument #2 'output'; but {:?} does not equal {:?} (while checking arguments for {}softmax_backward)",
+            gt.sizes,
+            yt.sizes,
+            if log { "log_" } else { "" }
+        )));
+    }
+    let dims = softmax_dims(cx, gt.sizes.len())?;
+    // Float32 grads of a half_to_float softmax give the input's dtype back.
+    let input = cx.dtype("input_dtype")?.unwrap_or(gt.dtype);
+    let dtype = if gt.dtype == DType::F32 && matches!(input, DType::F16 | DType::BF16) { input } else { gt.dtype };
+    let ct = opmath(gt.dtype);
+    let g = cx.tensor("grad_output")?;
+    let y = cx.tensor("output")?;
+    let (g, y) = (cx.g.convert(g, ct), cx.g.convert(y, ct));
+    let r = if log {
+        let sum = reduce_back(cx, ReduceKind::Sum, g, &dims);
+        let e = cx.g.unary("stablehlo.exponential", y);
+        let es = mul(cx, e, sum);
+        sub(cx, g, es)
+    } else {
+        let gy = mul(cx, g, y);
+        let sum = reduce_back(cx, ReduceKind::Sum, gy, &dims);
+        let d = sub(cx, g, sum);
+        mul(cx, y, d)
+    };
+    finish(cx, r, dtype)
+}
+
+// ------------------------------------------------------------------ losses
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Reduction {
+    None,
+    Mean,
+    Sum,
+}
+
+fn reduction(cx: &Cx) -> Result<Reduction> {
+    match cx.int("reduction")? {
+        0 => Ok(Reduction::None),
+        1 => Ok(Reduction::Mean),
+        2 => Ok(Reduction::Sum),
+        r => Err(Error::value(format!("{r} is not a valid value for reduction"))),
+    }
+}
+
+/// The class dimension of an nll_loss input: 0 for one sample `(C)`, else 1.
+fn class_dim(rank: usize) -> usize {
+    if rank == 1 { 0 } else { 1 }
+}
+
+/// The dimensions of an nll_loss input other than the class dimension,
+/// which are the target's.
+fn target_dims(rank: usize) -> Vec<i64> {
+    (0..rank).filter(|&d| d != class_dim(rank)).map(|d| d as i64).collect()
+}
+
+/// Whether nll_loss gives one loss per target (else a scalar).
+fn per_target(cx: &Cx) -> Result<bool> {
+    Ok(reduction(cx)? == Reduction::None && cx.meta("self")?.sizes.len() > 1)
+}
+
+/// PyTorch's argument checks of nll_loss (`(C)`/`(N, C)` input) and
+/// nll_loss2d (`(N, C, H, W)`).
+fn check_nll(cx: &Cx, spatial: bool) -> Result<()> {
+    let (x, t) = (cx.meta("self")?, cx.meta("target")?);
+    let (xr, tr) = (x.sizes.len(), t.sizes.len());
+    if spatial {
+        if tr != 3 {
+            return Err(Error::runtime(format!(
+                "only batches of spatial targets supported (3D tensors) but got targets of dimension: {tr}"
+            )));
+        }
+        if xr != 4 {
+            return Err(Error::runtime(format!(
+                "only batches of spatial inputs supported (4D tensors), but got input of dimension: {xr}"
+            )));
+        }
+        if x.sizes[0] != t.sizes[0] || x.sizes[2..] != t.sizes[1..] {
+            return Err(Error::runtime(format!("size mismatch (got input: {:?} , target: {:?}", x.sizes, t.sizes)));
+        }
+    } else {
+        if !(1..=2).contains(&xr) {
+            return Err(Error::runtime("input tensor should be 1D or 2D"));
+        }
+        if tr > 1 {
+            return Err(Error::runtime("0D or 1D target tensor expected, multi-target not supported"));
+        }
+        if xr == 1 && tr == 1 && t.sizes[0] != 1 {
+            return Err(Error::value(format!(
+                "For 1D input, 1D target must have size 1, but got target size: {}",
+                t.sizes[0]
+            )));
+        }
+        if xr == 2 && (tr == 0 || x.sizes[0] != t.sizes[0]) {
+            return Err(Error::runtime(format!("size mismatch (got input: {:?}, target: {:?})", x.sizes, t.sizes)));
+        }
+    }
+    let classes = x.sizes[class_dim(xr)];
+    if !cx.is_none("weight") {
+        let w = cx.meta("weight")?;
+        if w.sizes.len() != 1 || w.sizes[0] != classes {
+            return Err(Error::runtime(if spatial {
+                "weight tensor should be defined either for all or no classes".to_string()
+            } else {
+                format!(
+                    "weight tensor should be defined either for all {classes} classes or no classes but got weight tensor of shape: {:?}",
+                    w.sizes
+                )
+            }));
+        }
+        if w.dtype != x.dtype {
+            return Err(Error::runtime(format!(
+                "expected scalar type {} but found {}",
+                x.dtype.torch_name(),
+                w.dtype.torch_name()
+            )));
+        }
+    }
+    match t.dtype {
+        DType::I64 => {}
+        DType::U8 if spatial => return Err(Error::runtime("expected scalar type Long but found Byte")),
+        DType::U8 => {}
+        d => return Err(Error::runtime(format!("expected target dtype to be Long or Byte, but got {}", d.torch_name()))),
+    }
+    if !x.dtype.is_float() {
+        let kernel = if spatial { "nll_loss2d_forward_out_frame" } else { "nll_loss_out_frame" };
+        return Err(not_implemented(kernel, x.dtype));
+    }
+    Ok(())
+}
+
+/// Raises IndexError if a target other than ignore_index is not a class.
+fn check_targets(cx: &mut Cx, target: V, counted: V, classes: i64) {
+    let shape = cx.g.ty(target).shape.clone();
+    let zero = cx.g.full(0.0, DType::I64, &shape);
+    let n = cx.g.full(classes as f64, DType::I64, &shape);
+    let low = cx.g.compare("LT", target, zero);
+    let high = cx.g.compare("GE", target, n);
+    let out = cx.g.binary("stablehlo.or", low, high);
+    let bad = cx.g.binary("stablehlo.and", out, counted);
+    let all: Vec<usize> = (0..shape.len()).collect();
+    let any = cx.g.reduce(ReduceKind::Or, bad, &all);
+    cx.check(any, "Target is out of bounds.");
+}
+
+/// What each target picks from `self`: a one-hot bool mask of self's shape
+/// (all false where the target is ignore_index), and the class weights
+/// broadcast to self's shape in `ct`.
+fn nll_pick(cx: &mut Cx, ct: DType) -> Result<(V, V)> {
+    let shape = cx.meta("self")?.sizes;
+    let cdim = class_dim(shape.len());
+    let target = cx.tensor("target")?;
+    let target = cx.g.convert(target, DType::I64);
+    // One sample `(C)` may come with a 1-element 1-D target.
+    let target = if shape.len() == 1 { cx.g.reshape(target, &[]) } else { target };
+    let tshape = cx.g.ty(target).shape.clone();
+    let ignore = cx.g.full(cx.int("ignore_index")? as f64, DType::I64, &tshape);
+    let counted = cx.g.compare("NE", target, ignore);
+    check_targets(cx, target, counted, shape[cdim]);
+    let dims = target_dims(shape.len());
+    let target = cx.g.broadcast_in_dim(target, shape, &dims);
+    let counted = cx.g.broadcast_in_dim(counted, shape, &dims);
+    let classes = cx.g.iota(DType::I64, shape, cdim);
+    let is_target = cx.g.compare("EQ", classes, target);
+    let hit = cx.g.binary("stablehlo.and", is_target, counted);
+    let weight = match cx.opt_tensor("weight")? {
+        Some(w) => {
+            let w = cx.g.convert(w, ct);
+            cx.g.broadcast_in_dim(w, shape, &[cdim as i64])
+        }
+        None => cx.g.full(1.0, ct, shape),
+    };
+    Ok((hit, weight))
+}
+
+/// `-w[t] x[t]` per target: returned as is for reduction none on a batch
+/// (total_weight 0, as on CPU), else summed, with total_weight the sum of
+/// the counted targets' weights, and divided by it for mean.
+fn nll_loss_forward(cx: &mut Cx, spatial: bool) -> Result<Vec<V>> {
+    check_nll(cx, spatial)?;
+    let x = cx.meta("self")?;
+    let ct = opmath(x.dtype);
+    let (hit, weight) = nll_pick(cx, ct)?;
+    let input = cx.tensor("self")?;
+    let input = cx.g.convert(input, ct);
+    let zero = cx.g.full(0.0, ct, x.sizes);
+    let wx = mul(cx, weight, input);
+    let picked = cx.g.select(hit, wx, zero);
+    let loss = cx.g.reduce(ReduceKind::Sum, picked, &[class_dim(x.sizes.len())]);
+    let loss = cx.g.unary("stablehlo.negate", loss);
+    if per_target(cx)? {
+        let total = cx.g.full(0.0, x.dtype, &[]);
+        return Ok(vec![cx.g.convert(loss, x.dtype), total]);
+    }
+    let all: Vec<usize> = (0..x.sizes.len()).collect();
+    let w = cx.g.select(hit, weight, zero);
+    let total = cx.g.reduce(ReduceKind::Sum, w, &all);
+    let rank = cx.g.ty(loss).rank();
+    let mut out = cx.g.reduce(ReduceKind::Sum, loss, &all[..rank]);
+    if reduction(cx)? == Reduction::Mean {
+        out = div(cx, out, total);
+    }
+    Ok(vec![cx.g.convert(out, x.dtype), cx.g.convert(total, x.dtype)])
+}
+
+/// PyTorch's checks of nll_loss_backward's grad_output and total_weight.
+fn check_nll_grad(cx: &Cx, spatial: bool) -> Result<()> {
+    let (g, t, tw) = (cx.meta("grad_output")?, cx.meta("target")?, cx.meta("total_weight")?);
+    if tw.numel() != 1 {
+        let gap = if spatial { " " } else { "  " };
+        return Err(Error::runtime(format!(
+            "expected total_weight to be a{gap}single element tensor, got: {:?} ({} elements)",
+            tw.sizes,
+            tw.numel()
+        )));
+    }
+    if !per_target(cx)? {
+        if g.numel() != 1 {
+            return Err(Error::runtime(format!("Expected a single element grad_output tensor, but got: {:?}", g.sizes)));
+        }
+    } else if g.sizes != t.sizes {
+        return Err(Error::runtime(if spatial {
+            format!("size mismatch (got grad_output: {:?} target: {:?}", g.sizes, t.sizes)
+        } else {
+            format!(
+                "Expected a tensor of dimension 1 and tensor.size[0] == {} but got: dimension {} and tensor.size[0] = {}",
+                t.sizes[0],
+                g.sizes.len(),
+                g.sizes.first().unwrap_or(&1)
+            )
+        }));
+    }
+    Ok(())
+}
+
+/// `-w[t] g` at each target's class, 0 elsewhere; a scalar g is divided by
+/// total_weight for mean.
+fn nll_loss_backward(cx: &mut Cx, spatial: bool) -> Result<Vec<V>> {
+    check_nll(cx, spatial)?;
+    check_nll_grad(cx, spatial)?;
+    let x = cx.meta("self")?;
+    let ct = opmath(x.dtype);
+    let (hit, weight) = nll_pick(cx, ct)?;
+    let g = cx.tensor("grad_output")?;
+    let g = cx.g.convert(g, ct);
+    let g = if per_target(cx)? {
+        cx.g.broadcast_in_dim(g, x.sizes, &target_dims(x.sizes.len()))
+    } else {
+        let mut g = cx.g.reshape(g, &[]);
+        if reduction(cx)? == Reduction::Mean {
+            let total = cx.tensor("total_weight")?;
+            let total = cx.g.reshape(total, &[]);
+            let total = cx.g.convert(total, ct);
+            g = div(cx, g, total);
+        }
+        cx.g.broadcast_in_dim(g, x.sizes, &[])
+    };
+    let neg = cx.g.unary("stablehlo.negate", g);
+    let grad = mul(cx, weight, neg);
+    let zero = cx.g.full(0.0, ct, x.sizes);
+    let r = cx.g.select(hit, grad, zero);
+    finish(cx, r, x.dtype)
+}
+
+/// `(self - target)^2`, reduced.
+fn mse_loss(cx: &mut Cx) -> Result<Vec<V>> {
+    let (v, dtype) = promoted(cx, &["self", "target"])?;
+    if !dtype.is_float() {
+        return Err(not_implemented("mse_cpu", dtype));
+    }
+    let d = sub(cx, v[0], v[1]);
+    let sq = mul(cx, d, d);
+    let shape = cx.g.ty(sq).shape.clone();
+    let all: Vec<usize> = (0..shape.len()).collect();
+    let r = match reduction(cx)? {
+        Reduction::None => sq,
+        Reduction::Sum => cx.g.reduce(ReduceKind::Sum, sq, &all),
+        Reduction::Mean => {
+            let s = cx.g.reduce(ReduceKind::Sum, sq, &all);
+            let n = full_like(cx, shape.iter().product::<i64>() as f64, s);
+            div(cx, s, n)
+        }
+    };
+    finish(cx, r, dtype)
+}
+
+/// `norm (self - target) g` with norm 2 (2 / numel for mean), in self's dtype.
+fn mse_loss_backward(cx: &mut Cx) -> Result<Vec<V>> {
+    let x = cx.meta("self")?;
+    let norm = if reduction(cx)? == Reduction::Mean { 2.0 / x.numel() as f64 } else { 2.0 };
+    let (v, _) = promoted(cx, &["grad_output", "self", "target"])?;
+    let (g, input, target) = (v[0], v[1], v[2]);
+    let d = sub(cx, input, target);
+    let norm = full_like(cx, norm, d);
+    let nd = mul(cx, norm, d);
+    let r = mul(cx, nd, g);
+    finish(cx, r, x.dtype)
+}
+
+// ------------------------------------------------------------------ dropout, embedding
+
+/// (output, mask): elements kept with probability `1 - p` (from the default
+/// generator) and scaled by `1 / (1 - p)`; identity when not training.
+fn native_dropout(cx: &mut Cx) -> Result<Vec<V>> {
+    let t = cx.meta("input")?;
+    if !t.dtype.is_float() {
+        return Err(Error::runtime(format!(
+            "result type Float can't be cast to the desired output type {}",
+            t.dtype.torch_name()
+        )));
+    }
+    let x = cx.tensor("input")?;
+    if !cx.opt_bool("train")?.unwrap_or(true) {
+        return Ok(vec![x, cx.g.full(1.0, DType::Bool, t.sizes)]);
+    }
+    let u = uniform01(cx, t.sizes, None)?;
+    let p = scalar_as(cx, "p", u)?;
+    let one = full_like(cx, 1.0, u);
+    let keep_p = sub(cx, one, p);
+    let mask = cx.g.compare("LT", u, keep_p);
+    let ct = opmath(t.dtype);
+    let x = cx.g.convert(x, ct);
+    let keep_p = cx.g.convert(keep_p, ct);
+    // p = 1 keeps nothing: scale 0 rather than inf.
+    let zero = full_like(cx, 0.0, x);
+    let one = full_like(cx, 1.0, x);
+    let inv = div(cx, one, keep_p);
+    let none_kept = cx.g.compare("EQ", keep_p, zero);
+    let scale = cx.g.select(none_kept, zero, inv);
+    let m = cx.g.convert(mask, ct);
+    let xm = mul(cx, x, m);
+    let out = mul(cx, xm, scale);
+    Ok(vec![cx.g.convert(out, t.dtype), mask])
+}
+
+/// `grad_output * mask * scale`.
+fn native_dropout_backward(cx: &mut Cx) -> Result<Vec<V>> {
+    let (v, dtype) = promoted(cx, &["grad_output", "mask", "scale"])?;
+    let gm = mul(cx, v[0], v[1]);
+    let r = mul(cx, gm, v[2]);
+    finish(cx, r, dtype)
+}
+
+/// The weight gradient of an embedding: grad_output rows summed into the
+/// rows their indices name (padding_idx's row stays zero), each divided by
+/// its index's count when `scale_grad_by_freq`.
+fn embedding_dense_backward(cx: &mut Cx) -> Result<Vec<V>> {
+    let (gt, it) = (cx.meta("grad_output")?, cx.meta("indices")?);
+    if !matches!(it.dtype, DType::I64 | DType::I32) {
+        return Err(Error::runtime(format!(
+            "Expected tensor for argument #2 'indices' to have one of the following scalar types: Long, Int; but got torch.{}Tensor instead (while checking arguments for embedding_backward)",
+            it.dtype.torch_name()
+        )));
+    }
+    let (n, d) = (it.numel(), *gt.sizes.last().unwrap_or(&1));
+    let rows = cx.int("num_weights")?;
+    let ct = opmath(gt.dtype);
+    let g = cx.tensor("grad_output")?;
+    let g = cx.g.reshape(g, &[n, d]);
+    let mut g = cx.g.convert(g, ct);
+    let idx = cx.tensor("indices")?;
+    let idx = cx.g.reshape(idx, &[n]);
+    let idx = cx.g.convert(idx, DType::I64);
+    if cx.bool("scale_grad_by_freq")? {
+        let zeros = cx.g.full(0.0, ct, &[rows]);
+        let ones = cx.g.full(1.0, ct, &[n]);
+        let counts = cx.g.put(zeros, idx, ones, 0, true);
+        let count = cx.g.take(counts, idx, 0);
+        let count = cx.g.broadcast_in_dim(count, &[n, d], &[0]);
+        g = div(cx, g, count);
+    }
+    let pad = cx.g.full(cx.int("padding_idx")? as f64, DType::I64, &[n]);
+    let padded = cx.g.compare("EQ", idx, pad);
+    let padded = cx.g.broadcast_in_dim(padded, &[n, d], &[0]);
+    let zero = cx.g.full(0.0, ct, &[n, d]);
+    let g = cx.g.select(padded, zero, g);
+    let zeros = cx.g.full(0.0, ct, &[rows, d]);
+    let r = cx.g.put(zeros, idx, g, 0, true);
+    finish(cx, r, gt.dtype)
 }
