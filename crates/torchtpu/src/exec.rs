@@ -52,8 +52,9 @@ pub struct Plan {
     program: Arc<Program>,
     inputs: Vec<Input>,
     outputs: Vec<Ty>,
-    /// Output indices of IndexError flags, with their messages.
-    checks: Vec<(usize, String)>,
+    /// Output indices of IndexError flags (and of the value their message
+    /// names), with their messages.
+    checks: Vec<(usize, Option<usize>, String)>,
 }
 
 type Key = Vec<u64>;
@@ -163,9 +164,13 @@ fn build(op: &OpDef, args: &[Arg], device: usize) -> Result<Plan> {
     let mut g = std::mem::take(&mut cx.g);
     g.outputs = outputs.clone();
     let mut checks = Vec::new();
-    for (flag, message) in std::mem::take(&mut cx.checks) {
-        checks.push((g.outputs.len(), message));
+    for (flag, value, message) in std::mem::take(&mut cx.checks) {
         g.outputs.push(flag);
+        let value = value.map(|v| {
+            g.outputs.push(v);
+            g.outputs.len() - 1
+        });
+        checks.push((g.outputs.len() - 1 - value.is_some() as usize, value, message));
     }
     let program = cache::compile(&g, &op.name)?;
     let outputs = outputs.iter().map(|&v| g.ty(v).clone()).collect();
@@ -297,9 +302,17 @@ fn execute(plan: &Plan, what: &str, args: &[Arg], device: usize) -> Result<Vec<A
         let ty = plan.outputs.get(i).cloned().unwrap_or(Ty::new(DType::Bool, &[]));
         outs.push(DeviceBuffer::new(buf, ty));
     }
-    for (i, message) in &plan.checks {
-        if read_bool(&outs[*i])? {
-            return Err(Error::index(message.clone()));
+    for (flag, value, message) in &plan.checks {
+        if read_bool(&outs[*flag])? {
+            let message = match value {
+                Some(v) => {
+                    let mut word = [0u8; 8];
+                    outs[*v].buf.to_host(&mut word)?;
+                    message.replace("{}", &i64::from_le_bytes(word).to_string())
+                }
+                None => message.clone(),
+            };
+            return Err(Error::index(message));
         }
     }
     outs.truncate(plan.outputs.len());

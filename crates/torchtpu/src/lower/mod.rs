@@ -153,8 +153,9 @@ pub struct Cx<'a> {
     args: &'a [Arg<'a>],
     pub inputs: Vec<Input>,
     pub device: usize,
-    /// Boolean outputs that, when true, raise IndexError with the message.
-    pub checks: Vec<(V, String)>,
+    /// Boolean outputs that, when true, raise IndexError with the message,
+    /// with `{}` replaced by the optional i64 output's value.
+    pub checks: Vec<(V, Option<V>, String)>,
     storages: Vec<(*const Storage, V)>,
 }
 
@@ -407,7 +408,14 @@ impl<'a> Cx<'a> {
     /// Raises IndexError(`message`) after execution if `flag` (a bool
     /// scalar) is true.
     pub fn check(&mut self, flag: V, message: impl Into<String>) {
-        self.checks.push((flag, message.into()));
+        self.checks.push((flag, None, message.into()));
+    }
+
+    /// `check`, naming the offending value (an i64 scalar) in place of `{}`
+    /// in the message, as PyTorch's CPU kernels do.
+    pub fn check_value(&mut self, flag: V, value: V, message: impl Into<String>) {
+        let value = self.g.convert(value, DType::I64);
+        self.checks.push((flag, Some(value), message.into()));
     }
 
     /// The next value of tensor `name`'s storage once `src` (its view's
