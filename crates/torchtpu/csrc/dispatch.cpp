@@ -61,7 +61,7 @@ struct OpEntry {
   bool inplace = false;          // self is written (add_, fill_, ...)
 };
 
-const OpEntry& op_entry(const c10::OperatorHandle& op) {
+const OpEntry& register_op(const c10::OperatorHandle& op) {
   static std::mutex mutex;
   static std::unordered_map<const void*, std::unique_ptr<OpEntry>> table;
   const c10::FunctionSchema& schema = op.schema();
@@ -85,6 +85,14 @@ const OpEntry& op_entry(const c10::OperatorHandle& op) {
   check(tt_op_register(schema.name().c_str(), schema.overload_name().c_str(), args.data(),
                        static_cast<int64_t>(args.size()), &slot->op));
   return *slot;
+}
+
+// Entries never move once made, so each thread keeps a lock-free view.
+const OpEntry& op_entry(const c10::OperatorHandle& op) {
+  thread_local std::unordered_map<const void*, const OpEntry*> seen;
+  auto& entry = seen[&op.schema()];
+  if (!entry) entry = &register_op(op);
+  return *entry;
 }
 
 // Owns the marshalled form of one call's arguments.
@@ -192,6 +200,18 @@ void write_into(const at::Tensor& dst, const at::Tensor& src) {
   copy_on_device(src, dst);
 }
 
+// A result that exactly fills dst's storage becomes its value directly.
+void write_result(const at::Tensor& dst, const TtResult& r) {
+  bool whole = dst.scalar_type() == static_cast<at::ScalarType>(r.dtype) && dst.has_storage() &&
+               dst.sizes() == c10::IntArrayRef(r.sizes, r.ndim) && dst.storage_offset() == 0 &&
+               dst.is_contiguous() && static_cast<int64_t>(dst.storage().nbytes()) == r.nbytes &&
+               dst.storage().data_ptr().get_context() != nullptr;
+  if (!whole) return write_into(dst, wrap(r));
+  int status = tt_storage_assign(dst.storage().data_ptr().get_context(), r.storage);
+  tt_storage_release(r.storage);
+  check(status);
+}
+
 at::Scalar local_scalar(const at::Tensor& self);
 
 c10::IValue to_return(const c10::Argument& ret, std::vector<at::Tensor>& results, size_t& next) {
@@ -220,7 +240,7 @@ void fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   }
   const auto& schema = op.schema();
   const size_t n = schema.arguments().size();
-  std::vector<c10::IValue> inputs(stack->end() - static_cast<std::ptrdiff_t>(n), stack->end());
+  auto inputs = torch::jit::last(*stack, n);
   c10::DeviceIndex device = -1;
   for (const auto& v : inputs) {
     if (v.isTensor() && v.toTensor().device().type() == kTpu) {
@@ -232,29 +252,43 @@ void fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   Marshal m;
   m.tensors.reserve(count_tensors(inputs));
   m.args.reserve(n);
-  for (size_t i = 0; i < n; ++i) {
-    m.add(inputs[i], entry.generator[i], entry.tensor_list[i], device);
-  }
+  for (size_t i = 0; i < n; ++i) m.add(inputs[i], entry.generator[i], entry.tensor_list[i], device);
   const TtResult* raw = nullptr;
   int64_t count = 0;
   check(tt_op_run(entry.op, m.args.data(), static_cast<int64_t>(n), &raw, &count));
-  std::vector<at::Tensor> results;
-  results.reserve(static_cast<size_t>(count));
-  for (int64_t i = 0; i < count; ++i) results.push_back(wrap(raw[i]));
-
-  torch::jit::drop(*stack, n);
-  if (!entry.outs.empty()) {
-    for (size_t k = 0; k < entry.outs.size(); ++k) {
-      write_into(inputs[entry.outs[k]].toTensor(), results.at(k));
-      stack->push_back(inputs[entry.outs[k]]);
+  // Owns the result handles until they are wrapped or assigned.
+  struct Results {
+    std::vector<TtResult> list;
+    size_t taken = 0;
+    ~Results() {
+      for (size_t k = taken; k < list.size(); ++k) tt_storage_release(list[k].storage);
     }
-  } else if (entry.inplace) {
-    write_into(inputs[0].toTensor(), results.at(0));
-    stack->push_back(inputs[0]);
-  } else {
-    size_t next = 0;
-    for (const auto& ret : schema.returns()) stack->push_back(to_return(ret, results, next));
+  } results{{raw, raw + count}};
+
+  // Mutated arguments (out= or self) receive the results and are returned.
+  std::vector<int> written = entry.outs;
+  if (written.empty() && entry.inplace) written.push_back(0);
+  if (!written.empty()) {
+    std::vector<c10::IValue> returns;
+    TORCH_CHECK(results.list.size() >= written.size(), "torchtpu: ", schema.name(), " returned too few results");
+    for (size_t k = 0; k < written.size(); ++k) {
+      results.taken = k + 1;
+      write_result(inputs[written[k]].toTensor(), results.list[k]);
+      returns.push_back(inputs[written[k]]);
+    }
+    torch::jit::drop(*stack, n);
+    for (auto& r : returns) stack->push_back(std::move(r));
+    return;
   }
+  std::vector<at::Tensor> tensors;
+  tensors.reserve(results.list.size());
+  for (const auto& r : results.list) {
+    ++results.taken;
+    tensors.push_back(wrap(r));
+  }
+  torch::jit::drop(*stack, n);
+  size_t next = 0;
+  for (const auto& ret : schema.returns()) stack->push_back(to_return(ret, tensors, next));
 }
 
 // ---------------------------------------------------------------- direct kernels

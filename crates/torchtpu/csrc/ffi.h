@@ -90,6 +90,10 @@ void tt_storage_release(void* storage);
 // resizing moves a storage to a new, non-overlapping address range.
 int tt_storage_resize(void* old_storage, int64_t nbytes, void** storage, uint64_t* addr);
 
+// Makes dst's storage hold src's value (whole, same bytes): out= and in-place
+// results land without a copy.
+int tt_storage_assign(void* dst, void* src);
+
 // Operators. tt_op_register returns op >= 0 when the core lowers it, -1 when
 // it must run through the CPU fallback.
 int tt_op_register(const char* name, const char* overload, const TtSchemaArg* args,

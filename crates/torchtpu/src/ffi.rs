@@ -95,6 +95,17 @@ pub unsafe extern "C" fn tt_storage_resize(
 }
 
 #[no_mangle]
+pub unsafe extern "C" fn tt_storage_assign(dst: *mut c_void, src: *mut c_void) -> i32 {
+    guard(|| {
+        let value = Storage::from_handle(src)
+            .value()
+            .ok_or_else(|| Error::runtime("torchtpu: assigning an unset storage"))?;
+        Storage::from_handle(dst).set(value);
+        Ok(())
+    })
+}
+
+#[no_mangle]
 pub unsafe extern "C" fn tt_op_register(
     name: *const c_char,
     overload: *const c_char,

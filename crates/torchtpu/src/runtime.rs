@@ -12,6 +12,8 @@ use crate::error::{Error, Result};
 pub struct Runtime {
     pub client: pjrt::Client,
     pub plugin: PathBuf,
+    /// The client's devices, listed once (every op launch needs one).
+    devices: OnceLock<Vec<pjrt::Device<'static>>>,
 }
 
 struct Config {
@@ -46,7 +48,7 @@ fn start() -> std::result::Result<Runtime, String> {
         .collect();
     let client = pjrt::Client::new(api, &options)
         .map_err(|e| format!("torchtpu: creating a PJRT client of {}: {e}", plugin.display()))?;
-    Ok(Runtime { client, plugin })
+    Ok(Runtime { client, plugin, devices: OnceLock::new() })
 }
 
 pub fn get() -> Result<&'static Runtime> {
@@ -54,16 +56,19 @@ pub fn get() -> Result<&'static Runtime> {
 }
 
 impl Runtime {
-    pub fn device(&self, index: usize) -> Result<pjrt::Device<'_>> {
-        let devices = self.client.addressable_devices();
-        let n = devices.len();
+    fn devices(&'static self) -> &'static [pjrt::Device<'static>] {
+        self.devices.get_or_init(|| self.client.addressable_devices())
+    }
+
+    pub fn device(&'static self, index: usize) -> Result<pjrt::Device<'static>> {
+        let devices = self.devices();
         devices
             .get(index)
             .copied()
-            .ok_or_else(|| Error::runtime(format!("Invalid device index {index}: torchtpu has {n} device(s)")))
+            .ok_or_else(|| Error::runtime(format!("Invalid device index {index}: torchtpu has {} device(s)", devices.len())))
     }
 
-    pub fn device_count(&self) -> usize {
-        self.client.addressable_devices().len()
+    pub fn device_count(&'static self) -> usize {
+        self.devices().len()
     }
 }
