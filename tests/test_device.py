@@ -167,3 +167,22 @@ def test_metrics_report_fallbacks():
     torch.testing.assert_close(torch.cummax(x.to("tpu"), 0).values.cpu(), torch.cummax(x, 0).values)
     # cummax has no lowering: it ran on the CPU, once, and says so.
     assert torchtpu.metrics()["fallbacks"] == {"aten::_cummax_helper": 1}
+
+
+def test_two_devices():
+    """TORCHTPU_DEVICE_COUNT splits the CPU plugin; tensors live and compute on either."""
+    code = (
+        "import torch, torchtpu\n"
+        "assert torch.tpu.device_count() == 2\n"
+        "x = torch.arange(6.0).reshape(2, 3)\n"
+        "a = x.to('tpu:1')\n"
+        "assert (a * 2).device == torch.device('tpu:1')\n"
+        "torch.testing.assert_close((a * 2).to('tpu:0').cpu(), x * 2)\n"
+        "with torch.tpu.device(1):\n"
+        "    assert torch.zeros(1, device='tpu').device.index == 1\n"
+        "try:\n    a + x.to('tpu:0')\nexcept RuntimeError as e:\n    print(e)\n"
+    )
+    env = dict(__import__("os").environ, TORCHTPU_DEVICE_COUNT="2")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "Expected all tensors to be on the same device" in out.stdout

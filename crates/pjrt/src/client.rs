@@ -88,8 +88,14 @@ impl Client {
 
     /// Compiles StableHLO (or MHLO) MLIR text for one device.
     pub fn compile(&self, mlir_text: &str) -> Result<LoadedExecutable> {
+        self.compile_with(mlir_text, false)
+    }
+
+    /// [`compile`](Self::compile), optionally as a portable executable that runs on
+    /// any of the client's devices (about 0.1 µs more per launch on the CPU plugin).
+    pub fn compile_with(&self, mlir_text: &str, portable: bool) -> Result<LoadedExecutable> {
         const FORMAT: &str = "mlir";
-        let options = options::single_device();
+        let options = options::single_device(portable);
         let mut program = sys::PJRT_Program::zeroed();
         // The plugin only reads the code; the C field is non-const for historical reasons.
         program.code = mlir_text.as_ptr().cast::<c_char>().cast_mut();

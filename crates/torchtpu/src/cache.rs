@@ -40,7 +40,8 @@ pub fn compile(graph: &Graph, what: &str) -> Result<Arc<Program>> {
     }
     let rt = runtime::get()?;
     let start = Instant::now();
-    let exe = rt.client.compile(&mlir).map_err(|e| {
+    // With several devices one portable executable serves them all.
+    let exe = rt.client.compile_with(&mlir, rt.device_count() > 1).map_err(|e| {
         let name = what.replace([':', '.', '/'], "_");
         let file = dump(&mlir, &name).map_or("(could not write the dump)".into(), |p| p.display().to_string());
         Error::runtime(format!("torchtpu: XLA failed to compile {what}: {e}\nStableHLO written to {file}"))
