@@ -11,8 +11,8 @@ import torch
 
 import torchtpu
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from test_training import batches, mlp  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
+from mlp import batches, model  # noqa: E402
 
 
 def per_op_us(fn, device, iters):
@@ -47,14 +47,14 @@ def tiny_ops():
 
 def mlp_step_ms(device, steps=30):
     torch.manual_seed(0)
-    model = mlp().to(device)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    net = model().to(device)
+    opt = torch.optim.AdamW(net.parameters(), lr=1e-4)
     xs, ys = batches(4)
     x, y = xs[0].to(device), ys[0].to(device)
 
     def step():
         opt.zero_grad()
-        loss = torch.nn.functional.cross_entropy(model(x), y)
+        loss = torch.nn.functional.cross_entropy(net(x), y)
         loss.backward()
         opt.step()
         return loss.item()

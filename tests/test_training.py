@@ -2,10 +2,15 @@
 import gc
 
 import pytest
+import sys
+from pathlib import Path
+
 import torch
-import torch.nn as nn
 
 import torchtpu
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
+from mlp import train  # noqa: E402
 
 STEPS = 20
 # Rounding differences of the two matmul libraries (~1e-7 at step 1) are
@@ -14,48 +19,14 @@ STEPS = 20
 LR = 1e-4
 
 
-def mlp():
-    return nn.Sequential(
-        nn.Linear(784, 1024), nn.ReLU(),
-        nn.Linear(1024, 1024), nn.ReLU(),
-        nn.Linear(1024, 1024), nn.ReLU(),
-        nn.Linear(1024, 10),
-    )
-
-
-def batches(steps, batch=128):
-    g = torch.Generator().manual_seed(0)
-    teacher = torch.randn(784, 10, generator=g)
-    x = torch.randn(steps, batch, 784, generator=g)
-    return x, (x @ teacher).argmax(-1)
-
-
-def train(device, steps=STEPS, on_step=None):
-    torch.manual_seed(0)
-    model = mlp().to(device)
-    opt = torch.optim.AdamW(model.parameters(), lr=LR)
-    xs, ys = batches(steps)
-    losses = []
-    for step in range(steps):
-        x, y = xs[step].to(device), ys[step].to(device)
-        opt.zero_grad()
-        loss = nn.functional.cross_entropy(model(x), y)
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
-        if on_step:
-            on_step(step, model, opt, (x, y, loss))
-    return losses
-
-
 @pytest.fixture(scope="module")
 def cpu_losses():
-    return train("cpu")
+    return train("cpu", STEPS, LR)
 
 
 def test_mlp_matches_cpu(mode, cpu_losses):
     torchtpu.reset_metrics()
-    losses = train("tpu")
+    losses = train("tpu", STEPS, LR)
     assert torchtpu.metrics()["fallbacks"] == {}
     torch.testing.assert_close(torch.tensor(losses), torch.tensor(cpu_losses), rtol=1e-4, atol=0)
 
@@ -83,7 +54,7 @@ def test_no_leaks():
             seen[step] = (m["live_storages"], m["live_buffers"] - m["cached_scalars"], storages_held(model, opt, batch), rss_mib())
 
     with torchtpu.mode("strict"):
-        train("tpu", steps=300, on_step=on_step)
+        train("tpu", 300, LR, on_step=on_step)
     for step, (live, buffers, held, _) in seen.items():
         assert live == held, f"step {step}: {live} live storages, model and optimizer hold {held}"
         assert buffers <= live, f"step {step}: {buffers} buffers for {live} storages"
