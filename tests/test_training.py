@@ -60,3 +60,14 @@ def test_no_leaks():
         assert buffers <= live, f"step {step}: {buffers} buffers for {live} storages"
     growth = seen[299][3] - seen[150][3]
     assert growth < 64, f"resident memory grew by {growth:.0f} MiB over 150 steps"
+
+
+def test_fresh_weights_are_never_stale(mode):
+    """Each matmul sees its own right-hand side, even when a new buffer takes a
+    freed one's address (XLA:CPU's XNNPACK dot would reuse a stale packing)."""
+    g = torch.Generator().manual_seed(0)
+    lhs = torch.randn(128, 1024, generator=g)
+    lhs_tpu = lhs.to("tpu")
+    for _ in range(40):
+        w = torch.randn(1024, 1024, generator=g)
+        torch.testing.assert_close(lhs_tpu.mm(w.to("tpu")).cpu(), lhs @ w, rtol=1e-4, atol=1e-4)

@@ -36,6 +36,14 @@ def configure_plugin():
     path, is_cpu = find_plugin()
     if path is None:
         return  # every tpu operation will say how to install a plugin
+    if is_cpu:
+        # XLA:CPU's XNNPACK dot packs a right-hand side that is a program
+        # parameter once and reuses the packed copy while the buffer's address
+        # is unchanged. Per-op programs get a fresh buffer per call, often at a
+        # freed buffer's address, and would multiply by stale weights.
+        flags = os.environ.get("XLA_FLAGS", "")
+        if "xla_cpu_use_xnnpack" not in flags:
+            os.environ["XLA_FLAGS"] = (flags + " --xla_cpu_use_xnnpack=false").strip()
     # The CPU plugin would split this machine into 4 devices by default.
     count = int(os.environ.get("TORCHTPU_DEVICE_COUNT", "1")) if is_cpu else None
     _C.configure(path, count)
