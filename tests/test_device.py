@@ -186,3 +186,16 @@ def test_two_devices():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "Expected all tensors to be on the same device" in out.stdout
+
+
+def test_fallback_warning_once_per_op():
+    code = (
+        "import torch, torchtpu\n"
+        "x = torch.tensor([3.0, 1.0, 2.0], device='tpu')\n"
+        "for _ in range(3):\n    torch.cummax(x, 0)\n"
+    )
+    env = dict(__import__("os").environ, TORCHTPU_LOG="1")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr
+    warnings = [l for l in out.stderr.splitlines() if "runs on the CPU" in l]
+    assert warnings == ["torchtpu: aten::_cummax_helper has no tpu lowering; it runs on the CPU (copied there and back)"]
