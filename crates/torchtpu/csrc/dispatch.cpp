@@ -272,6 +272,17 @@ void fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     std::vector<c10::IValue> returns;
     TORCH_CHECK(results.list.size() >= written.size(), "torchtpu: ", schema.name(), " returned too few results");
     for (size_t k = 0; k < written.size(); ++k) {
+      // An output that is also an input (in-place, or out= aliasing an
+      // input) cannot be resized to the broadcast shape.
+      const auto& dst = inputs[written[k]].toTensor();
+      c10::IntArrayRef shape(results.list[k].sizes, results.list[k].ndim);
+      bool aliased = entry.outs.empty() || std::any_of(inputs.begin(), inputs.end(), [&](const c10::IValue& v) {
+        return &v != &inputs[written[k]] && v.isTensor() && v.toTensor().is_same(dst);
+      });
+      TORCH_CHECK(!aliased || dst.sizes() == shape, "output with shape ", dst.sizes(),
+                  " doesn't match the broadcast shape ", shape);
+    }
+    for (size_t k = 0; k < written.size(); ++k) {
       results.taken = k + 1;
       write_result(inputs[written[k]].toTensor(), results.list[k]);
       returns.push_back(inputs[written[k]]);

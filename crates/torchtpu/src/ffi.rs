@@ -119,8 +119,10 @@ pub unsafe extern "C" fn tt_op_register(
             .map(|a| lower::ArgDef { name: str_arg(a.name).into(), ty: str_arg(a.ty).into(), is_out: a.is_out != 0 })
             .collect();
         // In-place: the first argument is written but is not an out= argument.
-        let inplace = !defs.iter().any(|a| a.is_out) && str_arg(name).ends_with('_');
-        *op = lower::register(str_arg(name), str_arg(overload), defs, inplace).unwrap_or(-1);
+        // Dunder names (`__rshift__`) are not in-place forms.
+        let name = str_arg(name);
+        let inplace = !defs.iter().any(|a| a.is_out) && name.ends_with('_') && !name.ends_with("__");
+        *op = lower::register(name, str_arg(overload), defs, inplace).unwrap_or(-1);
         Ok(())
     })
 }

@@ -4,6 +4,7 @@
 //! `at::result_type`, broadcast together, and float16/bfloat16 are computed
 //! in float32 and rounded once, as PyTorch's CPU kernels do.
 use super::{op, Cx, Entry, Operand};
+use crate::args::Arg;
 use crate::dtype::{DType, DEFAULT_FLOAT};
 use crate::error::{Error, Result};
 use crate::ir::V;
@@ -35,6 +36,12 @@ pub static ENTRIES: &[Entry] = &[
     op("bitwise_or", |cx| bitwise(cx, "stablehlo.or")),
     op("bitwise_xor", |cx| bitwise(cx, "stablehlo.xor")),
     op("bitwise_not", bitwise_not),
+    op("bitwise_left_shift", |cx| shift(cx, true)),
+    op("bitwise_right_shift", |cx| shift(cx, false)),
+    op("__lshift__", |cx| shift(cx, true)),
+    op("__rshift__", |cx| shift(cx, false)),
+    op("__ilshift__", |cx| shift(cx, true)),
+    op("__irshift__", |cx| shift(cx, false)),
     op("neg", neg),
     op("abs", |cx| same_unary(cx, "stablehlo.abs", not_implemented("abs_cpu", DType::Bool))),
     op("sign", sign),
@@ -101,9 +108,39 @@ pub(super) fn full_like(cx: &mut Cx, value: f64, like: V) -> V {
     cx.g.full(value, ty.dtype, &ty.shape)
 }
 
+fn unsigned(dtype: DType) -> bool {
+    matches!(dtype, DType::U8 | DType::U32 | DType::U64)
+}
+
 /// CPU's error for a kernel without a version for `dtype`.
 pub(super) fn not_implemented(kernel: &str, dtype: DType) -> Error {
     Error::not_implemented(format!("\"{kernel}\" not implemented for '{}'", dtype.torch_name()))
+}
+
+/// `not_implemented` for bool, which `kernel` lacks.
+pub(super) fn no_bool(dtype: DType, kernel: &str) -> Result<()> {
+    if dtype == DType::Bool {
+        return Err(not_implemented(kernel, dtype));
+    }
+    Ok(())
+}
+
+/// C++'s name of a dtype's element type, as some CPU messages print it.
+pub(super) fn cpp_name(dtype: DType) -> &'static str {
+    match dtype {
+        DType::Bool => "bool",
+        DType::U8 => "unsigned char",
+        DType::I8 => "signed char",
+        DType::I16 => "short int",
+        DType::I32 => "int",
+        DType::I64 => "long int",
+        DType::F16 => "c10::Half",
+        DType::BF16 => "c10::BFloat16",
+        DType::F32 => "float",
+        DType::F64 => "double",
+        DType::U32 => "unsigned int",
+        DType::U64 => "unsigned long",
+    }
 }
 
 /// mul, maximum and minimum (also max/min with `other`).
@@ -135,14 +172,30 @@ fn nan_extreme(cx: &mut Cx, name: &'static str, a: V, b: V) -> V {
     cx.g.select(b_nan, b, r)
 }
 
+/// PyTorch's `sub_check`: no bool operand in a subtraction.
+fn sub_check(cx: &Cx) -> Result<()> {
+    let is_bool = |name| match cx.arg(name) {
+        Ok(Arg::Tensor(t)) => t.dtype == DType::Bool,
+        Ok(Arg::Bool(_)) => true,
+        _ => false,
+    };
+    match (is_bool("self"), is_bool("other")) {
+        (true, true) => Err(Error::not_implemented(
+            "Subtraction, the `-` operator, with two bool tensors is not supported. Use the `^` or `logical_xor()` operator instead.",
+        )),
+        (true, false) | (false, true) => Err(Error::not_implemented(
+            "Subtraction, the `-` operator, with a bool tensor is not supported. If you are trying to invert a mask, use the `~` or `logical_not()` operator instead.",
+        )),
+        _ => Ok(()),
+    }
+}
+
 /// `self ± alpha * other`.
 fn add_sub(cx: &mut Cx, name: &'static str) -> Result<Vec<V>> {
-    let (v, dtype) = promoted(cx, &["self", "other"])?;
-    if dtype == DType::Bool && name == "stablehlo.subtract" {
-        return Err(Error::runtime(
-            "Subtraction, the `-` operator, with two bool tensors is not supported. Use the `^` or `logical_xor()` operator instead.",
-        ));
+    if name == "stablehlo.subtract" {
+        sub_check(cx)?;
     }
+    let (v, dtype) = promoted(cx, &["self", "other"])?;
     let shape = cx.g.ty(v[0]).shape.clone();
     let mut other = v[1];
     if cx.has("alpha") {
@@ -158,6 +211,7 @@ fn add_sub(cx: &mut Cx, name: &'static str) -> Result<Vec<V>> {
 
 /// `other - alpha * self`.
 fn rsub(cx: &mut Cx) -> Result<Vec<V>> {
+    sub_check(cx)?;
     let (v, dtype) = promoted(cx, &["self", "other"])?;
     let shape = cx.g.ty(v[0]).shape.clone();
     let mut s = v[0];
@@ -252,8 +306,7 @@ fn div_rem(cx: &mut Cx, name: &'static str, a: V, b: V) -> V {
     }
     let (zero, one) = (full_like(cx, 0.0, b), full_like(cx, 1.0, b));
     let mut unsafe_divisor = cx.g.compare("EQ", b, zero);
-    let signed = !matches!(dtype, DType::U8 | DType::U32 | DType::U64);
-    let minus_one = if signed {
+    let minus_one = if !unsigned(dtype) {
         let m = full_like(cx, -1.0, b);
         let is_m = cx.g.compare("EQ", b, m);
         unsafe_divisor = cx.g.binary("stablehlo.or", unsafe_divisor, is_m);
@@ -288,6 +341,7 @@ fn floor_div_int(cx: &mut Cx, a: V, b: V) -> V {
 
 fn fmod(cx: &mut Cx) -> Result<Vec<V>> {
     let (v, dtype) = promoted(cx, &["self", "other"])?;
+    no_bool(dtype, "fmod_cpu")?;
     let r = div_rem(cx, "stablehlo.remainder", v[0], v[1]);
     finish(cx, r, dtype)
 }
@@ -295,6 +349,7 @@ fn fmod(cx: &mut Cx) -> Result<Vec<V>> {
 /// Python's modulo: the result takes the divisor's sign.
 fn remainder(cx: &mut Cx) -> Result<Vec<V>> {
     let (v, dtype) = promoted(cx, &["self", "other"])?;
+    no_bool(dtype, "remainder_cpu")?;
     let ty = cx.g.ty(v[0]).clone();
     let rem = div_rem(cx, "stablehlo.remainder", v[0], v[1]);
     let zero = cx.g.full(0.0, ty.dtype, &ty.shape);
@@ -310,6 +365,7 @@ fn remainder(cx: &mut Cx) -> Result<Vec<V>> {
 
 fn pow(cx: &mut Cx) -> Result<Vec<V>> {
     let (v, dtype) = promoted(cx, &["self", "exponent"])?;
+    no_bool(dtype, "pow")?;
     let r = if dtype.is_float() { cx.g.binary("stablehlo.power", v[0], v[1]) } else { int_pow(cx, v[0], v[1]) };
     finish(cx, r, dtype)
 }
@@ -329,7 +385,7 @@ fn int_pow(cx: &mut Cx, base: V, exp: V) -> V {
         square = cx.g.binary("stablehlo.multiply", square, square);
         rest = cx.g.binary("stablehlo.shift_right_logical", rest, one);
     }
-    if ty.dtype == DType::U8 {
+    if unsigned(ty.dtype) {
         return result;
     }
     // base^-n is 1 for base 1, ±1 for base -1, else 0.
@@ -397,6 +453,23 @@ fn bitwise(cx: &mut Cx, name: &'static str) -> Result<Vec<V>> {
 fn base_name<'a>(cx: &Cx<'a>) -> &'a str {
     let name = cx.op.name.trim_start_matches("aten::");
     name.split('.').next().unwrap_or(name).trim_end_matches('_')
+}
+
+/// Shifts by amounts out of [0, bits) give 0, or the sign for right shifts
+/// of signed types, in StableHLO as on CPU.
+fn shift(cx: &mut Cx, left: bool) -> Result<Vec<V>> {
+    let (v, dtype) = promoted(cx, &["self", "other"])?;
+    let kernel = if left { "lshift_cpu" } else { "rshift_cpu" };
+    if dtype.is_float() {
+        return Err(not_implemented(kernel, dtype));
+    }
+    no_bool(dtype, kernel)?;
+    let name = match (left, unsigned(dtype)) {
+        (true, _) => "stablehlo.shift_left",
+        (false, true) => "stablehlo.shift_right_logical",
+        (false, false) => "stablehlo.shift_right_arithmetic",
+    };
+    Ok(vec![cx.g.binary(name, v[0], v[1])])
 }
 
 fn bitwise_not(cx: &mut Cx) -> Result<Vec<V>> {
@@ -502,8 +575,11 @@ fn trunc(cx: &mut Cx) -> Result<Vec<V>> {
 fn round(cx: &mut Cx) -> Result<Vec<V>> {
     let t = cx.meta("self")?;
     let decimals = if cx.has("decimals") { Some(cx.int("decimals")?) } else { None };
+    // Integers round to themselves, unless `decimals` is given.
     match (t.dtype, decimals) {
-        (DType::Bool, None) => return Err(not_implemented("round_vml_cpu", t.dtype)),
+        (DType::Bool, None) | (_, Some(0)) if !t.dtype.is_float() => {
+            return Err(not_implemented("round_vml_cpu", t.dtype))
+        }
         (dtype, Some(_)) if !dtype.is_float() => return Err(not_implemented("round_cpu", dtype)),
         _ => {}
     }
@@ -547,6 +623,20 @@ fn clamp(cx: &mut Cx) -> Result<Vec<V>> {
     let mut names = vec!["self"];
     names.extend(&bounds);
     let (v, dtype) = promoted(cx, &names)?;
+    // Bool has kernels for a single tensor bound only (maximum/minimum).
+    if dtype == DType::Bool {
+        let tensors = bounds.iter().filter(|b| matches!(cx.arg(b), Ok(Arg::Tensor(_)))).count();
+        let kernel = match (tensors, bounds.as_slice()) {
+            (1, [_]) => None,
+            (0, [_, _]) => Some("clamp_scalar_cpu"),
+            (0, ["min"]) => Some("clamp_min_scalar_cpu"),
+            (0, _) => Some("clamp_max_scalar_cpu"),
+            _ => Some("clamp_cpu"),
+        };
+        if let Some(kernel) = kernel {
+            return Err(not_implemented(kernel, dtype));
+        }
+    }
     let mut r = v[0];
     for (i, b) in bounds.iter().enumerate() {
         let op = if *b == "min" { "stablehlo.maximum" } else { "stablehlo.minimum" };
@@ -563,6 +653,12 @@ fn masked_fill(cx: &mut Cx) -> Result<Vec<V>> {
     let x = cx.tensor("self")?;
     let mask = cx.tensor("mask")?;
     let value = cx.operand("value")?;
+    let rank = cx.g.ty(value.v).rank();
+    if rank != 0 {
+        return Err(Error::runtime(format!(
+            "masked_fill_ only supports a 0-dimensional value tensor, but got tensor with {rank} dimension(s)."
+        )));
+    }
     let shapes = [cx.g.ty(x).shape.clone(), cx.g.ty(mask).shape.clone()];
     let shape = crate::ir::broadcast_all(&[&shapes[0], &shapes[1]])?;
     let (x, mask) = (cx.g.broadcast_to(x, &shape), cx.g.broadcast_to(mask, &shape));
@@ -571,10 +667,31 @@ fn masked_fill(cx: &mut Cx) -> Result<Vec<V>> {
     Ok(vec![cx.g.select(mask, fill, x)])
 }
 
-/// PyTorch's lerp: `weight < 0.5 ? self + w*(end-self) : end - (end-self)*(1-w)`.
+/// PyTorch's lerp: `weight < 0.5 ? self + w*(end-self) : end - (end-self)*(1-w)`,
+/// for floating `self`, with `end` (and a non-scalar `weight`) of its dtype.
 fn lerp(cx: &mut Cx) -> Result<Vec<V>> {
-    let (v, dtype) = promoted(cx, &["self", "end", "weight"])?;
-    let (a, b, w) = (v[0], v[1], v[2]);
+    let t = cx.meta("self")?;
+    let weight = match cx.arg("weight")? {
+        Arg::Tensor(w) => Some(*w),
+        _ => None,
+    };
+    let others = [Some(("end", cx.meta("end")?)), weight.filter(|w| !w.sizes.is_empty()).map(|w| ("weight", w))];
+    for (name, other) in others.into_iter().flatten() {
+        if other.dtype != t.dtype {
+            return Err(Error::runtime(format!(
+                "expected dtype {} for `{name}` but got dtype {}",
+                cpp_name(t.dtype),
+                cpp_name(other.dtype)
+            )));
+        }
+    }
+    if !t.dtype.is_float() {
+        let kernel = if weight.is_some() { "lerp_kernel_tensor" } else { "lerp_kernel_scalar" };
+        return Err(not_implemented(kernel, t.dtype));
+    }
+    let ops = [cx.operand("self")?, cx.operand("end")?, cx.operand("weight")?];
+    let v = cx.promote_to(&ops, opmath(t.dtype))?;
+    let (dtype, a, b, w) = (t.dtype, v[0], v[1], v[2]);
     let ty = cx.g.ty(a).clone();
     let half = cx.g.full(0.5, ty.dtype, &ty.shape);
     let one = cx.g.full(1.0, ty.dtype, &ty.shape);
@@ -591,12 +708,14 @@ fn lerp(cx: &mut Cx) -> Result<Vec<V>> {
 
 /// `self + value * (tensor1 op tensor2)`.
 fn addc(cx: &mut Cx, name: &'static str) -> Result<Vec<V>> {
-    let (v, dtype) = promoted(cx, &["self", "tensor1", "tensor2"])?;
-    if name == "stablehlo.divide" && !dtype.is_float() {
+    let integral = |name| cx.meta(name).map(|t| !t.dtype.is_float());
+    if name == "stablehlo.divide" && integral("tensor1")? && integral("tensor2")? {
         return Err(Error::runtime(
-            "Integer division with addcdiv is no longer supported, and in a future release addcdiv will perform a true division of tensor1 and tensor2. The historic addcdiv behavior can be implemented as (input + value * torch.trunc(tensor1 / tensor2)).to(input.dtype) for integer inputs and as (input + value * tensor1 / tensor2) for float inputs. The future addcdiv behavior is just the latter implementation: (input + value * tensor1 / tensor2), for all dtypes.",
+            "Integer division with addcdiv is no longer supported, and in a future  release addcdiv will perform a true division of tensor1 and tensor2. The historic addcdiv behavior can be implemented as (input + value * torch.trunc(tensor1 / tensor2)).to(input.dtype) for integer inputs and as (input + value * tensor1 / tensor2) for float inputs. The future addcdiv behavior is just the latter implementation: (input + value * tensor1 / tensor2), for all dtypes.",
         ));
     }
+    let (v, dtype) = promoted(cx, &["self", "tensor1", "tensor2"])?;
+    no_bool(dtype, "addcmul_cpu_out")?;
     let shape = cx.g.ty(v[0]).shape.clone();
     let mut t1 = v[1];
     if let Some(value) = cx.scalar_like("value", opmath(dtype), &shape)? {

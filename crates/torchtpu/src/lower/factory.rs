@@ -1,11 +1,13 @@
 //! Factories and fills: `fill_`/`zero_` (behind zeros/ones/full), `arange`.
-use super::{op_consts, op, Cx, Entry};
+use super::elementwise::no_bool;
+use super::{op, op_consts, Cx, Entry};
 use crate::error::{Error, Result};
 use crate::ir::V;
 
 pub static ENTRIES: &[Entry] = &[
     op("fill", fill),
     op("zero", zero),
+    op("_efficientzerotensor", efficient_zero),
     op_consts("arange", arange, &["start", "end", "step"]),
 ];
 
@@ -27,6 +29,13 @@ fn zero(cx: &mut Cx) -> Result<Vec<V>> {
     Ok(vec![cx.g.full(0.0, t.dtype, t.sizes)])
 }
 
+/// The zero tensors autograd makes for gradients known to be zero (a plain
+/// zero-filled tensor here).
+fn efficient_zero(cx: &mut Cx) -> Result<Vec<V>> {
+    let dtype = cx.dtype("dtype")?.unwrap_or(crate::dtype::DEFAULT_FLOAT);
+    Ok(vec![cx.g.full(0.0, dtype, &cx.ints("size")?)])
+}
+
 /// `start + i * step`, computed like PyTorch's CPU kernel (in double for
 /// floating outputs) and sized from the preallocated `out`.
 fn arange(cx: &mut Cx) -> Result<Vec<V>> {
@@ -40,6 +49,7 @@ fn arange(cx: &mut Cx) -> Result<Vec<V>> {
     if !(step > 0.0 && end >= start || step < 0.0 && end <= start) {
         return Err(Error::runtime("upper bound and larger bound inconsistent with step sign"));
     }
+    no_bool(out.dtype, "arange_cpu")?;
     let n = ((end - start) / step).ceil() as i64;
     let acc = if out.dtype.is_float() { crate::dtype::DType::F64 } else { crate::dtype::DType::I64 };
     let i = cx.g.iota(acc, &[n], 0);

@@ -1,58 +1,85 @@
 //! Matrix products. Everything reaches `dot_general`; float16/bfloat16
 //! multiply in float32 and round once, as PyTorch's CPU BLAS paths do.
-use super::elementwise::opmath;
+//! Checks and messages follow each op's CPU meta function and kernel.
+use super::elementwise::{cpp_name, no_bool, opmath};
+use super::shape::expand_check;
 use super::{op, Cx, Entry};
-use crate::error::{Error, Result};
+use crate::args::Tensor;
+use crate::dtype::DType;
+use crate::ensure;
+use crate::error::Result;
 use crate::ir::V;
 
-pub static ENTRIES: &[Entry] = &[
-    op("mm", |cx| product(cx, "self", "mat2", 2)),
-    op("bmm", |cx| product(cx, "self", "mat2", 3)),
-    op("addmm", |cx| add_product(cx, 2)),
-    op("baddbmm", |cx| add_product(cx, 3)),
-];
+pub static ENTRIES: &[Entry] =
+    &[op("mm", mm), op("bmm", bmm), op("addmm", addmm), op("baddbmm", baddbmm), op("addmv", addmv), op("dot", dot)];
 
-/// `a @ b` for matrices (rank 2) or batches of them (rank 3).
-fn matmul(cx: &mut Cx, a: &str, b: &str, rank: usize) -> Result<V> {
+/// Rank and shape checks of `mm`/`addmm` (`what` prefixes the messages).
+fn check_matrices(m1: &Tensor, m2: &Tensor, what: &str) -> Result<()> {
+    ensure!(m1.sizes.len() == 2, "{what}: self must be a matrix, got {}-D tensor", m1.sizes.len());
+    ensure!(m2.sizes.len() == 2, "{what}: mat2 must be a matrix, got {}-D tensor", m2.sizes.len());
+    ensure!(
+        m1.sizes[1] == m2.sizes[0],
+        "{what}: mat1 and mat2 shapes cannot be multiplied ({}x{} and {}x{})",
+        m1.sizes[0],
+        m1.sizes[1],
+        m2.sizes[0],
+        m2.sizes[1]
+    );
+    Ok(())
+}
+
+/// Rank and shape checks of `bmm`/`baddbmm`.
+fn check_batches(b1: &Tensor, b2: &Tensor) -> Result<()> {
+    ensure!(b1.sizes.len() == 3, "batch1 must be a 3D tensor");
+    ensure!(b2.sizes.len() == 3, "batch2 must be a 3D tensor");
+    ensure!(
+        b2.sizes[..2] == [b1.sizes[0], b1.sizes[2]],
+        "Expected size for first two dimensions of batch2 tensor to be: [{}, {}] but got: [{}, {}].",
+        b1.sizes[0],
+        b1.sizes[2],
+        b2.sizes[0],
+        b2.sizes[1]
+    );
+    ensure!(b1.dtype == b2.dtype, "expected scalar type {} but found {}", b1.dtype.torch_name(), b2.dtype.torch_name());
+    Ok(())
+}
+
+/// `a @ b` in opmath; a vector `a` acts as a [1, n] matrix and a vector `b`
+/// as [n, 1], and their dimension is dropped from the result. Bool raises
+/// the CPU `kernel`'s error, which empty products never reach.
+fn product(cx: &mut Cx, a: &str, b: &str, kernel: &str) -> Result<V> {
     let (ta, tb) = (cx.meta(a)?, cx.meta(b)?);
-    let what = if rank == 2 { "matrix" } else { "3D tensor" };
-    if ta.sizes.len() != rank || tb.sizes.len() != rank {
-        let bad = if ta.sizes.len() != rank { a } else { b };
-        return Err(Error::runtime(format!("{bad} must be a {what}")));
-    }
-    if ta.dtype != tb.dtype {
-        return Err(Error::runtime(format!(
-            "expected m1 and m2 to have the same dtype, but got: {} != {}",
-            ta.dtype.torch_name().to_lowercase(),
-            tb.dtype.torch_name().to_lowercase()
-        )));
-    }
-    let k = rank - 1;
-    if ta.sizes[k] != tb.sizes[k - 1] || (rank == 3 && ta.sizes[0] != tb.sizes[0]) {
-        return Err(Error::runtime(format!(
-            "mat1 and mat2 shapes cannot be multiplied ({}x{} and {}x{})",
-            ta.sizes[k - 1], ta.sizes[k], tb.sizes[k - 1], tb.sizes[k]
-        )));
+    let mut shape = ta.sizes[..ta.sizes.len() - 1].to_vec();
+    if tb.sizes.len() > 1 {
+        shape.push(tb.sizes[tb.sizes.len() - 1]);
     }
     let ct = opmath(ta.dtype);
+    let k = ta.sizes[ta.sizes.len() - 1];
+    if k == 0 || shape.contains(&0) {
+        return Ok(cx.g.full(0.0, ct, &shape));
+    }
+    // CPU's batched products hand all but tiny ones to addmm's kernel.
+    let kernel = if ta.sizes.len() == 3 && k * shape[1] * shape[2] >= 400 { "addmm_impl_cpu_" } else { kernel };
+    no_bool(ta.dtype, kernel)?;
     let x = cx.tensor(a)?;
     let y = cx.tensor(b)?;
-    let (x, y) = (cx.g.convert(x, ct), cx.g.convert(y, ct));
-    Ok(cx.g.matmul(x, y))
+    let (mut x, mut y) = (cx.g.convert(x, ct), cx.g.convert(y, ct));
+    if ta.sizes.len() == 1 {
+        x = cx.g.reshape(x, &[1, ta.sizes[0]]);
+    }
+    if tb.sizes.len() == 1 {
+        y = cx.g.reshape(y, &[tb.sizes[0], 1]);
+    }
+    let p = cx.g.matmul(x, y);
+    Ok(cx.g.reshape(p, &shape))
 }
 
-fn product(cx: &mut Cx, a: &str, b: &str, rank: usize) -> Result<Vec<V>> {
-    let dtype = cx.meta(a)?.dtype;
-    let r = matmul(cx, a, b, rank)?;
-    Ok(vec![cx.g.convert(r, dtype)])
-}
-
-/// `beta * self + alpha * (m1 @ m2)`; beta == 0 ignores self (NaN included).
-fn add_product(cx: &mut Cx, rank: usize) -> Result<Vec<V>> {
-    let (a, b) = if rank == 2 { ("mat1", "mat2") } else { ("batch1", "batch2") };
-    let dtype = cx.meta(a)?.dtype;
-    let p = matmul(cx, a, b, rank)?;
+/// `beta * self + alpha * p`, in p's (opmath) type; beta == 0 ignores self,
+/// NaN included.
+fn add_scaled(cx: &mut Cx, p: V) -> Result<V> {
     let ty = cx.g.ty(p).clone();
+    let t = cx.meta("self")?;
+    expand_check(&t, &ty.shape)?;
     let input = cx.tensor("self")?;
     let input = cx.g.convert(input, ty.dtype);
     let input = cx.g.broadcast_to(input, &ty.shape);
@@ -63,6 +90,115 @@ fn add_product(cx: &mut Cx, rank: usize) -> Result<Vec<V>> {
     let skip = cx.g.compare("EQ", beta, zero);
     let scaled = cx.g.select(skip, zero, scaled);
     let ap = cx.g.binary("stablehlo.multiply", alpha, p);
-    let r = cx.g.binary("stablehlo.add", scaled, ap);
-    Ok(vec![cx.g.convert(r, dtype)])
+    Ok(cx.g.binary("stablehlo.add", scaled, ap))
+}
+
+fn finish(cx: &mut Cx, v: V, dtype: DType) -> Result<Vec<V>> {
+    Ok(vec![cx.g.convert(v, dtype)])
+}
+
+fn mm(cx: &mut Cx) -> Result<Vec<V>> {
+    let (m1, m2) = (cx.meta("self")?, cx.meta("mat2")?);
+    check_matrices(&m1, &m2, "mm")?;
+    ensure!(
+        m1.dtype == m2.dtype,
+        "expected m1 and m2 to have the same dtype, but got: {} != {}",
+        cpp_name(m1.dtype),
+        cpp_name(m2.dtype)
+    );
+    let p = product(cx, "self", "mat2", "addmm_impl_cpu_")?;
+    finish(cx, p, m1.dtype)
+}
+
+fn addmm(cx: &mut Cx) -> Result<Vec<V>> {
+    let (t, m1, m2) = (cx.meta("self")?, cx.meta("mat1")?, cx.meta("mat2")?);
+    check_matrices(&m1, &m2, "addmm")?;
+    for (name, x) in [("self", &t), ("mat1", &m1)] {
+        ensure!(
+            x.dtype == m2.dtype,
+            "{name} and mat2 must have the same dtype, but got {} and {}",
+            x.dtype.torch_name(),
+            m2.dtype.torch_name()
+        );
+    }
+    let p = product(cx, "mat1", "mat2", "addmm_impl_cpu_")?;
+    let r = add_scaled(cx, p)?;
+    finish(cx, r, m1.dtype)
+}
+
+fn bmm(cx: &mut Cx) -> Result<Vec<V>> {
+    let (b1, b2) = (cx.meta("self")?, cx.meta("mat2")?);
+    check_batches(&b1, &b2)?;
+    let p = product(cx, "self", "mat2", "bmm")?;
+    finish(cx, p, b1.dtype)
+}
+
+fn baddbmm(cx: &mut Cx) -> Result<Vec<V>> {
+    let (t, b1, b2) = (cx.meta("self")?, cx.meta("batch1")?, cx.meta("batch2")?);
+    check_batches(&b1, &b2)?;
+    ensure!(
+        t.dtype == b1.dtype,
+        "Input dtypes must be the same, got: input {}, batch1: {}, batch2: {}",
+        cpp_name(t.dtype),
+        cpp_name(b1.dtype),
+        cpp_name(b2.dtype)
+    );
+    let p = product(cx, "batch1", "batch2", "baddbmm")?;
+    let r = add_scaled(cx, p)?;
+    finish(cx, r, b1.dtype)
+}
+
+/// `beta * self + alpha * (mat @ vec)`; `mv` arrives here too.
+fn addmv(cx: &mut Cx) -> Result<Vec<V>> {
+    let (t, m, v) = (cx.meta("self")?, cx.meta("mat")?, cx.meta("vec")?);
+    let ranks = (t.sizes.len(), m.sizes.len(), v.sizes.len());
+    ensure!(
+        matches!(ranks, (0 | 1, 2, 1)),
+        "vector + matrix @ vector expected, got {}, {}, {}",
+        ranks.0,
+        ranks.1,
+        ranks.2
+    );
+    ensure!(
+        m.sizes[1] == v.sizes[0] && (t.numel() == 1 || t.sizes == [m.sizes[0]]),
+        "size mismatch, got input ({}), mat ({}x{}), vec ({})",
+        t.numel(),
+        m.sizes[0],
+        m.sizes[1],
+        v.sizes[0]
+    );
+    ensure!(
+        t.dtype == m.dtype && m.dtype == v.dtype,
+        "addmv input tensors must have the same dtype, but got {}, {}, and {}",
+        t.dtype.torch_name(),
+        m.dtype.torch_name(),
+        v.dtype.torch_name()
+    );
+    let p = product(cx, "mat", "vec", "addmv_impl_cpu")?;
+    let r = add_scaled(cx, p)?;
+    finish(cx, r, m.dtype)
+}
+
+fn dot(cx: &mut Cx) -> Result<Vec<V>> {
+    let (a, b) = (cx.meta("self")?, cx.meta("tensor")?);
+    let (na, nb) = (a.numel(), b.numel());
+    ensure!(
+        a.sizes.len() == 1 && b.sizes.len() == 1,
+        "1D tensors expected, but got {}D and {}D tensors",
+        a.sizes.len(),
+        b.sizes.len()
+    );
+    ensure!(
+        a.dtype == b.dtype,
+        "dot : expected both vectors to have same dtype, but found {} and {}",
+        a.dtype.torch_name(),
+        b.dtype.torch_name()
+    );
+    ensure!(
+        na == nb,
+        "inconsistent tensor size, expected tensor [{na}] and src [{nb}] to have the same number of elements, but got {na} and {nb} elements respectively"
+    );
+    no_bool(a.dtype, "dot")?;
+    let p = product(cx, "self", "tensor", "dot")?;
+    finish(cx, p, a.dtype)
 }

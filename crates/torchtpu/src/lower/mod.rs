@@ -109,6 +109,13 @@ pub static COPY_ENTRIES: &[Entry] = &[op("torchtpu::copy", copy_into), op("torch
 fn copy_into(cx: &mut Cx) -> Result<Vec<V>> {
     let dst = cx.meta("dst")?;
     let src = cx.tensor("src")?;
+    let shape = crate::ir::broadcast_all(&[dst.sizes, &cx.g.ty(src).shape])?;
+    if shape != dst.sizes {
+        return Err(Error::runtime(format!(
+            "output with shape {:?} doesn't match the broadcast shape {shape:?}",
+            dst.sizes
+        )));
+    }
     let src = cx.g.convert(src, dst.dtype);
     let src = cx.g.broadcast_to(src, dst.sizes);
     Ok(vec![cx.write_view("dst", src)?])

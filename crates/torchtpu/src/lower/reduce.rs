@@ -1,6 +1,6 @@
 //! Reductions. One rule for dims/keepdim/dtype; float16/bfloat16 accumulate
 //! in float32.
-use super::elementwise::opmath;
+use super::elementwise::{arith, no_bool, opmath};
 use super::{op, wrap_dim, Cx, Entry};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
@@ -20,6 +20,8 @@ pub static ENTRIES: &[Entry] = &[
     op("any", |cx| logical(cx, ReduceKind::Or)),
     op("var", |cx| moments(cx, false)),
     op("std", |cx| moments(cx, true)),
+    op("cumsum", |cx| cumulative(cx, ReduceKind::Sum)),
+    op("cumprod", |cx| cumulative(cx, ReduceKind::Prod)),
 ];
 
 /// The reduced dimensions of a `dim` argument: absent, None or [] mean all.
@@ -28,20 +30,23 @@ pub fn reduced_dims(cx: &Cx, rank: usize) -> Result<Vec<usize>> {
     match dims {
         None => Ok((0..rank).collect()),
         Some(d) if d.is_empty() => Ok((0..rank).collect()),
-        Some(d) => {
-            let mut out = Vec::new();
-            for x in d {
-                let w = wrap_dim(x, rank)?;
-                if out.contains(&w) {
-                    return Err(Error::runtime(format!("dim {w} appears multiple times in the list of dims")));
-                }
-                if w < rank {
-                    out.push(w);
-                }
-            }
-            Ok(out)
+        Some(d) => dim_list(&d, rank),
+    }
+}
+
+/// A list of dims wrapped, without repeats (a 0-dim tensor has none).
+pub fn dim_list(dims: &[i64], rank: usize) -> Result<Vec<usize>> {
+    let mut out = Vec::new();
+    for &x in dims {
+        let w = wrap_dim(x, rank)?;
+        if out.contains(&w) {
+            return Err(Error::runtime(format!("dim {w} appears multiple times in the list of dims")));
+        }
+        if w < rank {
+            out.push(w);
         }
     }
+    Ok(out)
 }
 
 /// Reduces `x` over `dims`, restoring them as size 1 when `keepdim`.
@@ -60,10 +65,16 @@ fn keepdim(cx: &Cx) -> Result<bool> {
     Ok(cx.has("keepdim") && cx.bool("keepdim")?)
 }
 
-/// sum and prod: integral inputs accumulate in int64 unless `dtype` says.
+/// The result dtype of sums and products: `dtype` if given, else int64 for
+/// integral inputs.
+fn accumulate_dtype(cx: &Cx) -> Result<DType> {
+    let t = cx.meta("self")?;
+    Ok(cx.dtype("dtype")?.unwrap_or(if t.dtype.is_float() { t.dtype } else { DType::I64 }))
+}
+
 fn accumulate(cx: &mut Cx, kind: ReduceKind) -> Result<Vec<V>> {
     let t = cx.meta("self")?;
-    let dtype = cx.dtype("dtype")?.unwrap_or(if t.dtype.is_float() { t.dtype } else { DType::I64 });
+    let dtype = accumulate_dtype(cx)?;
     let x = cx.tensor("self")?;
     let x = cx.g.convert(x, opmath(dtype));
     let dims = reduced_dims(cx, t.sizes.len())?;
@@ -105,20 +116,47 @@ fn extreme(cx: &mut Cx, kind: ReduceKind) -> Result<Vec<V>> {
     let t = cx.meta("self")?;
     let dims = reduced_dims(cx, t.sizes.len())?;
     check_nonempty(&t, &dims, if kind == ReduceKind::Max { "amax" } else { "amin" })?;
+    if let Some(out) = cx.has("out").then(|| cx.meta("out")).transpose()? {
+        if out.dtype != t.dtype {
+            return Err(Error::runtime(format!(
+                "Expected the dtype for input and out to match, but got {} for input's dtype and {} for out's dtype.",
+                t.dtype.torch_name(),
+                out.dtype.torch_name()
+            )));
+        }
+    }
     let x = cx.tensor("self")?;
-    let kind = if t.dtype == DType::Bool { if kind == ReduceKind::Max { ReduceKind::Or } else { ReduceKind::And } } else { kind };
-    Ok(vec![reduce_keep(cx, kind, x, &dims, keepdim(cx)?)])
+    let kind = if t.dtype == DType::Bool {
+        if kind == ReduceKind::Max {
+            ReduceKind::Or
+        } else {
+            ReduceKind::And
+        }
+    } else {
+        kind
+    };
+    Ok(vec![reduce_extreme(cx, kind, x, &dims, keepdim(cx)?)])
+}
+
+/// A max/min reduction where any NaN gives NaN, as on CPU (XLA's CPU
+/// max/min may drop it).
+fn reduce_extreme(cx: &mut Cx, kind: ReduceKind, x: V, dims: &[usize], keep: bool) -> V {
+    let r = reduce_keep(cx, kind, x, dims, keep);
+    let ty = cx.g.ty(r).clone();
+    if !ty.dtype.is_float() {
+        return r;
+    }
+    let is_nan = cx.g.compare("NE", x, x);
+    let any_nan = reduce_keep(cx, ReduceKind::Or, is_nan, dims, keep);
+    let nan = cx.g.full(f64::NAN, ty.dtype, &ty.shape);
+    cx.g.select(any_nan, nan, r)
 }
 
 /// max/min: over everything, or along `dim` returning (values, indices).
 fn max_min(cx: &mut Cx, max: bool) -> Result<Vec<V>> {
     if cx.has("other") {
         // max.other / min.other are maximum / minimum.
-        let name = if max { "stablehlo.maximum" } else { "stablehlo.minimum" };
-        let ops = [cx.operand("self")?, cx.operand("other")?];
-        let dtype = cx.result_type(&ops);
-        let v = cx.promote_to(&ops, dtype)?;
-        return Ok(vec![cx.g.binary(name, v[0], v[1])]);
+        return arith(cx, if max { "stablehlo.maximum" } else { "stablehlo.minimum" });
     }
     let t = cx.meta("self")?;
     let kind = match (t.dtype == DType::Bool, max) {
@@ -136,7 +174,7 @@ fn max_min(cx: &mut Cx, max: bool) -> Result<Vec<V>> {
             )));
         }
         let all: Vec<usize> = (0..t.sizes.len()).collect();
-        return Ok(vec![cx.g.reduce(kind, x, &all)]);
+        return Ok(vec![reduce_extreme(cx, kind, x, &all, false)]);
     }
     let dim = wrap_dim(cx.int("dim")?, t.sizes.len())?;
     if t.sizes.get(dim) == Some(&0) {
@@ -147,7 +185,7 @@ fn max_min(cx: &mut Cx, max: bool) -> Result<Vec<V>> {
     }
     let keep = keepdim(cx)?;
     let dims = if t.sizes.is_empty() { vec![] } else { vec![dim] };
-    let values = reduce_keep(cx, kind, x, &dims, keep);
+    let values = reduce_extreme(cx, kind, x, &dims, keep);
     let indices = arg_along(cx, x, &dims, max, keep);
     Ok(vec![values, indices])
 }
@@ -214,7 +252,7 @@ fn logical(cx: &mut Cx, kind: ReduceKind) -> Result<Vec<V>> {
 fn moments(cx: &mut Cx, sqrt: bool) -> Result<Vec<V>> {
     let t = cx.meta("self")?;
     if !t.dtype.is_float() {
-        return Err(Error::runtime("std and var only support floating point and complex dtypes"));
+        return Err(Error::not_implemented("std and var only support floating point and complex dtypes"));
     }
     let ct = opmath(t.dtype);
     let x = cx.tensor("self")?;
@@ -246,4 +284,30 @@ fn moments(cx: &mut Cx, sqrt: bool) -> Result<Vec<V>> {
         r = cx.g.unary("stablehlo.sqrt", r);
     }
     Ok(vec![cx.g.convert(r, t.dtype)])
+}
+
+/// cumsum and cumprod: an inclusive scan along `dim` in log2(n) steps, each
+/// combining the values with themselves shifted by 1, 2, 4, ... places.
+fn cumulative(cx: &mut Cx, kind: ReduceKind) -> Result<Vec<V>> {
+    let t = cx.meta("self")?;
+    let dtype = accumulate_dtype(cx)?;
+    no_bool(dtype, if kind == ReduceKind::Sum { "cumsum_out_cpu" } else { "cumprod_out_cpu" })?;
+    let dim = wrap_dim(cx.int("dim")?, t.sizes.len())?;
+    let x = cx.tensor("self")?;
+    let mut x = cx.g.convert(x, opmath(dtype));
+    let n = t.sizes.get(dim).copied().unwrap_or(1);
+    let (combine, identity) =
+        if kind == ReduceKind::Sum { ("stablehlo.add", 0.0) } else { ("stablehlo.multiply", 1.0) };
+    let identity = cx.g.scalar(identity, opmath(dtype));
+    let zeros = vec![0; t.sizes.len()];
+    let mut step = 1;
+    while step < n {
+        let head = cx.g.slice_dim(x, dim, 0, n - step, 1);
+        let mut low = zeros.clone();
+        low[dim] = step;
+        let shifted = cx.g.pad(head, identity, &low, &zeros, &zeros);
+        x = cx.g.binary(combine, x, shifted);
+        step *= 2;
+    }
+    Ok(vec![cx.g.convert(x, dtype)])
 }

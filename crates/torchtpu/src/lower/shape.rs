@@ -1,9 +1,47 @@
 //! Operators that rearrange data: concatenation and friends.
+use super::reduce::dim_list;
 use super::{op, wrap_dim, Cx, Entry};
+use crate::args::Tensor;
+use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::ir::V;
 
-pub static ENTRIES: &[Entry] = &[op("cat", cat)];
+pub static ENTRIES: &[Entry] = &[op("cat", cat), op("flip", flip)];
+
+/// PyTorch's checks that `t` expands to `target` (`Tensor.expand`).
+pub fn expand_check(t: &Tensor, target: &[i64]) -> Result<()> {
+    let sizes = t.sizes;
+    if target.len() < sizes.len() {
+        // The legacy type name CPU prints for the tensor.
+        let ty = match t.dtype {
+            DType::BF16 | DType::U32 | DType::U64 => format!("CPU{}Type", t.dtype.torch_name()),
+            other => format!("torch.{}Tensor", other.torch_name()),
+        };
+        return Err(Error::runtime(format!(
+            "expand({ty}{{{sizes:?}}}, size={target:?}): the number of sizes provided ({}) must be greater or equal to the number of dimensions in the tensor ({})",
+            target.len(),
+            sizes.len()
+        )));
+    }
+    let lead = target.len() - sizes.len();
+    for (i, &size) in sizes.iter().enumerate() {
+        if size != 1 && size != target[lead + i] {
+            return Err(Error::runtime(format!(
+                "The expanded size of the tensor ({}) must match the existing size ({size}) at non-singleton dimension {}.  Target sizes: {target:?}.  Tensor sizes: {sizes:?}",
+                target[lead + i],
+                lead + i
+            )));
+        }
+    }
+    Ok(())
+}
+
+fn flip(cx: &mut Cx) -> Result<Vec<V>> {
+    let t = cx.meta("self")?;
+    let dims: Vec<i64> = dim_list(&cx.ints("dims")?, t.sizes.len())?.into_iter().map(|d| d as i64).collect();
+    let x = cx.tensor("self")?;
+    Ok(vec![if dims.is_empty() { x } else { cx.g.reverse(x, &dims) }])
+}
 
 fn cat(cx: &mut Cx) -> Result<Vec<V>> {
     let metas = cx.metas("tensors")?;
