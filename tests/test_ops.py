@@ -33,7 +33,7 @@ OPS = [
     "round.decimals_3", "round.decimals_neg_3", "exp", "expm1", "log", "log1p", "log2", "log10",
     "sqrt", "rsqrt", "tanh", "sigmoid", "sin", "cos", "tan", "erf", "reciprocal",
     # reductions
-    "sum", "prod", "mean", "amax", "amin", "max.reduction_no_dim", "max.reduction_with_dim",
+    "sum", "prod", "mean", "linalg.vector_norm", "amax", "amin", "max.reduction_no_dim", "max.reduction_with_dim",
     "min.reduction_no_dim", "min.reduction_with_dim", "argmax", "argmin", "all", "any",
     "var", "var.unbiased", "std", "std.unbiased", "cumsum", "cumprod",
     # matrix products

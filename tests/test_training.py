@@ -71,3 +71,34 @@ def test_fresh_weights_are_never_stale(mode):
     for _ in range(40):
         w = torch.randn(1024, 1024, generator=g)
         torch.testing.assert_close(lhs_tpu.mm(w.to("tpu")).cpu(), lhs @ w, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("name, options", [
+    ("SGD", dict(lr=0.1)),
+    ("SGD", dict(lr=0.1, momentum=0.9, nesterov=True, weight_decay=1e-4)),
+    ("Adam", dict(lr=1e-3)),
+    ("Adam", dict(lr=1e-3, foreach=False)),
+    ("AdamW", dict(lr=1e-3, amsgrad=True)),
+    ("RMSprop", dict(lr=1e-3)),
+    ("Adagrad", dict(lr=1e-2)),
+])
+def test_optimizers_match_cpu(name, options, mode):
+    """torch.optim's default code paths, with an LR scheduler and gradient
+    clipping, give CPU's parameters and run nothing on the CPU."""
+    params = {}
+    for device in ("cpu", "tpu"):
+        torch.manual_seed(0)
+        net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4)).to(device)
+        opt = getattr(torch.optim, name)(net.parameters(), **options)
+        sched = torch.optim.lr_scheduler.StepLR(opt, 1, 0.9)
+        x, y = torch.randn(32, 8).to(device), torch.randint(0, 4, (32,)).to(device)
+        torchtpu.reset_metrics()
+        for _ in range(5):
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(net(x), y).backward()
+            torch.nn.utils.clip_grad_norm_(net.parameters(), 1.0)
+            opt.step()
+            sched.step()
+        params[device] = [p.detach().cpu() for p in net.parameters()]
+        assert torchtpu.metrics()["fallbacks"] == {}
+    torch.testing.assert_close(params["tpu"], params["cpu"])

@@ -1,12 +1,13 @@
 //! Reductions. One rule for dims/keepdim/dtype; float16/bfloat16 accumulate
 //! in float32.
 use super::elementwise::{arith, no_bool, opmath};
-use super::{op, wrap_dim, Cx, Entry};
+use super::{op, op_consts, wrap_dim, Cx, Entry};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::ir::{ReduceKind, V};
 
 pub static ENTRIES: &[Entry] = &[
+    op_consts("linalg_vector_norm", vector_norm, &["ord"]),
     op("sum", |cx| accumulate(cx, ReduceKind::Sum)),
     op("prod", |cx| accumulate(cx, ReduceKind::Prod)),
     op("mean", mean),
@@ -310,4 +311,47 @@ fn cumulative(cx: &mut Cx, kind: ReduceKind) -> Result<Vec<V>> {
         step *= 2;
     }
     Ok(vec![cx.g.convert(x, dtype)])
+}
+
+/// `linalg.vector_norm`: `ord` picks the computation, so it is compile-time.
+fn vector_norm(cx: &mut Cx) -> Result<Vec<V>> {
+    let t = cx.meta("self")?;
+    if !t.dtype.is_float() {
+        return Err(Error::runtime(format!(
+            "linalg.vector_norm: Expected a floating point or complex tensor as input. Got {}",
+            t.dtype.torch_name()
+        )));
+    }
+    let dtype = cx.dtype("dtype")?.unwrap_or(t.dtype);
+    let ord = cx.const_f64("ord")?;
+    let ct = opmath(dtype);
+    let x = cx.tensor("self")?;
+    let x = cx.g.convert(x, ct);
+    let a = cx.g.unary("stablehlo.abs", x);
+    let dims = reduced_dims(cx, t.sizes.len())?;
+    let keep = keepdim(cx)?;
+    let r = if ord == f64::INFINITY || ord == f64::NEG_INFINITY {
+        check_nonempty(&t, &dims, "linalg.vector_norm")?;
+        let kind = if ord > 0.0 { ReduceKind::Max } else { ReduceKind::Min };
+        reduce_keep(cx, kind, a, &dims, keep)
+    } else if ord == 0.0 {
+        let zero = cx.g.full(0.0, ct, t.sizes);
+        let nonzero = cx.g.compare("NE", a, zero);
+        let ones = cx.g.convert(nonzero, ct);
+        reduce_keep(cx, ReduceKind::Sum, ones, &dims, keep)
+    } else if ord == 1.0 {
+        reduce_keep(cx, ReduceKind::Sum, a, &dims, keep)
+    } else if ord == 2.0 {
+        let sq = cx.g.binary("stablehlo.multiply", a, a);
+        let s = reduce_keep(cx, ReduceKind::Sum, sq, &dims, keep);
+        cx.g.unary("stablehlo.sqrt", s)
+    } else {
+        let p = cx.g.full(ord, ct, t.sizes);
+        let powered = cx.g.binary("stablehlo.power", a, p);
+        let s = reduce_keep(cx, ReduceKind::Sum, powered, &dims, keep);
+        let shape = cx.g.ty(s).shape.clone();
+        let inv = cx.g.full(1.0 / ord, ct, &shape);
+        cx.g.binary("stablehlo.power", s, inv)
+    };
+    Ok(vec![cx.g.convert(r, dtype)])
 }
