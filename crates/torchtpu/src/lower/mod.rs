@@ -265,11 +265,6 @@ impl<'a> Cx<'a> {
         }
     }
 
-    /// Whether a numeric argument holds a Python int/bool (not a float).
-    pub fn is_integral(&self, name: &str) -> Result<bool> {
-        Ok(matches!(self.arg(name)?, Arg::Int(_) | Arg::Bool(_)))
-    }
-
     fn param(&mut self, ty: Ty, input: Input) -> V {
         self.inputs.push(input);
         self.g.param(ty)

@@ -26,13 +26,18 @@ fn uniform(cx: &mut Cx) -> Result<Vec<V>> {
     let t = cx.meta("self")?;
     let ct = opmath(t.dtype);
     let u = uniform01(cx, t.sizes, Some("generator"))?;
-    let u = cx.g.convert(u, ct);
     let from = cx.scalar_like("from", ct, t.sizes)?.expect("from");
     let to = cx.scalar_like("to", ct, t.sizes)?.expect("to");
     let span = cx.g.binary("stablehlo.subtract", to, from);
-    let r = cx.g.binary("stablehlo.multiply", u, span);
-    let r = cx.g.binary("stablehlo.add", r, from);
-    Ok(vec![cx.g.convert(r, t.dtype)])
+    Ok(vec![affine(cx, u, span, from, t.dtype)])
+}
+
+/// `unit * scale + shift` computed in `scale`'s type, rounded to `dtype`.
+fn affine(cx: &mut Cx, unit: V, scale: V, shift: V, dtype: DType) -> V {
+    let unit = cx.g.convert(unit, cx.g.ty(scale).dtype);
+    let r = cx.g.binary("stablehlo.multiply", unit, scale);
+    let r = cx.g.binary("stablehlo.add", r, shift);
+    cx.g.convert(r, dtype)
 }
 
 /// Box-Muller: sqrt(-2 ln(1-u1)) * cos(2 pi u2).
@@ -58,12 +63,9 @@ fn normal(cx: &mut Cx) -> Result<Vec<V>> {
     let t = cx.meta("self")?;
     let ct = opmath(t.dtype);
     let z = standard_normal(cx, t.sizes, Some("generator"))?;
-    let z = cx.g.convert(z, ct);
     let mean = cx.scalar_like("mean", ct, t.sizes)?.expect("mean");
     let std = cx.scalar_like("std", ct, t.sizes)?.expect("std");
-    let r = cx.g.binary("stablehlo.multiply", z, std);
-    let r = cx.g.binary("stablehlo.add", r, mean);
-    Ok(vec![cx.g.convert(r, t.dtype)])
+    Ok(vec![affine(cx, z, std, mean, t.dtype)])
 }
 
 /// bernoulli_(p: float or tensor) and bernoulli(self) (self holds p).
