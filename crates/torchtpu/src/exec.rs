@@ -52,9 +52,8 @@ pub struct Plan {
     program: Arc<Program>,
     inputs: Vec<Input>,
     outputs: Vec<Ty>,
-    /// Output indices of IndexError flags (and of the value their message
-    /// names), with their messages.
-    checks: Vec<(usize, Option<usize>, String)>,
+    /// Data-dependent errors, with output indices for their flag and value.
+    checks: Vec<lower::Check>,
 }
 
 type Key = Vec<u64>;
@@ -164,13 +163,14 @@ fn build(op: &OpDef, args: &[Arg], device: usize) -> Result<Plan> {
     let mut g = std::mem::take(&mut cx.g);
     g.outputs = outputs.clone();
     let mut checks = Vec::new();
-    for (flag, value, message) in std::mem::take(&mut cx.checks) {
-        g.outputs.push(flag);
-        let value = value.map(|v| {
+    for mut check in std::mem::take(&mut cx.checks) {
+        g.outputs.push(check.flag);
+        check.flag = g.outputs.len() - 1;
+        if let Some(v) = check.value {
             g.outputs.push(v);
-            g.outputs.len() - 1
-        });
-        checks.push((g.outputs.len() - 1 - value.is_some() as usize, value, message));
+            check.value = Some(g.outputs.len() - 1);
+        }
+        checks.push(check);
     }
     let program = cache::compile(&g, &op.name)?;
     let outputs = outputs.iter().map(|&v| g.ty(v).clone()).collect();
@@ -302,17 +302,15 @@ fn execute(plan: &Plan, what: &str, args: &[Arg], device: usize) -> Result<Vec<A
         let ty = plan.outputs.get(i).cloned().unwrap_or(Ty::new(DType::Bool, &[]));
         outs.push(DeviceBuffer::new(buf, ty));
     }
-    for (flag, value, message) in &plan.checks {
-        if read_bool(&outs[*flag])? {
-            let message = match value {
-                Some(v) => {
-                    let mut word = [0u8; 8];
-                    outs[*v].buf.to_host(&mut word)?;
-                    message.replace("{}", &i64::from_le_bytes(word).to_string())
-                }
-                None => message.clone(),
-            };
-            return Err(Error::index(message));
+    for check in &plan.checks {
+        if read_bool(&outs[check.flag])? {
+            let mut message = check.message.clone();
+            if let Some(v) = check.value {
+                let mut word = [0u8; 8];
+                outs[v].buf.to_host(&mut word)?;
+                message = message.replace("{}", &i64::from_le_bytes(word).to_string());
+            }
+            return Err(Error { kind: check.kind, message });
         }
     }
     outs.truncate(plan.outputs.len());

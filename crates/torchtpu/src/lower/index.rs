@@ -1,11 +1,10 @@
-//! Indexing operators. Out-of-range indices raise CPU's message after the
-//! program ran, as IndexError (CPU raises gather/scatter/index_add's as
-//! RuntimeError, which the core's checks cannot yet).
+//! Indexing operators. Out-of-range indices raise CPU's exception and
+//! message after the program ran.
 use super::elementwise::{cpp_name, opmath};
 use super::{op, wrap_dim, Cx, Entry};
 use crate::args::Tensor;
 use crate::dtype::DType;
-use crate::error::{Error, Result};
+use crate::error::{Error, Kind, Result};
 use crate::ir::{ReduceKind, V};
 use crate::view::contiguous_strides;
 
@@ -17,9 +16,9 @@ pub static ENTRIES: &[Entry] = &[
     op("scatter_add", |cx| scatter(cx, "scatter_add")),
 ];
 
-/// Indices as i64, negatives wrapped when `wrap`, plus an IndexError check
-/// of their range; `{}` in the message names the first offending index.
-pub fn checked_indices(cx: &mut Cx, idx: V, size: i64, wrap: bool, message: String) -> V {
+/// Indices as i64, negatives wrapped when `wrap`, plus a check of their
+/// range raising `kind`; `{}` in the message names the first offending index.
+pub fn checked_indices(cx: &mut Cx, idx: V, size: i64, wrap: bool, kind: Kind, message: String) -> V {
     let ty = cx.g.ty(idx).clone();
     let given = cx.g.convert(idx, DType::I64);
     let mut idx = given;
@@ -35,12 +34,8 @@ pub fn checked_indices(cx: &mut Cx, idx: V, size: i64, wrap: bool, message: Stri
     let bad = cx.g.binary("stablehlo.or", low, high);
     let dims: Vec<usize> = (0..ty.rank()).collect();
     let any = cx.g.reduce(ReduceKind::Or, bad, &dims);
-    if message.contains("{}") {
-        let first = first_where(cx, bad, given);
-        cx.check_value(any, first, message);
-    } else {
-        cx.check(any, message);
-    }
+    let first = message.contains("{}").then(|| first_where(cx, bad, given));
+    cx.check(any, first, kind, message);
     idx
 }
 
@@ -73,12 +68,12 @@ fn index_select(cx: &mut Cx) -> Result<Vec<V>> {
     let idx = cx.tensor("index")?;
     let idx = cx.g.reshape(idx, &[it.numel()]);
     if t.sizes.is_empty() {
-        let idx = checked_indices(cx, idx, 1, true, "index_select(): Index out of range in self".into());
+        let idx = checked_indices(cx, idx, 1, true, Kind::Index, "index_select(): Index out of range in self".into());
         let x = cx.g.reshape(x, &[1]);
         let r = cx.g.take(x, idx, 0);
         return Ok(vec![cx.g.reshape(r, &[])]);
     }
-    let idx = checked_indices(cx, idx, t.sizes[dim], true, "index out of range in self".into());
+    let idx = checked_indices(cx, idx, t.sizes[dim], true, Kind::Index, "index out of range in self".into());
     Ok(vec![cx.g.take(x, idx, dim)])
 }
 
@@ -129,7 +124,7 @@ fn index_add(cx: &mut Cx) -> Result<Vec<V>> {
     let x = cx.g.reshape(x, &sizes);
     let idx = cx.tensor("index")?;
     let idx = cx.g.reshape(idx, &[it.numel()]);
-    let idx = checked_indices(cx, idx, sizes[dim], false, out_of_bounds(dim, sizes[dim]));
+    let idx = checked_indices(cx, idx, sizes[dim], false, Kind::Runtime, out_of_bounds(dim, sizes[dim]));
     let src = cx.tensor("source")?;
     let src = cx.g.reshape(src, &ssizes);
     let src = cx.g.convert(src, ct);
@@ -172,7 +167,7 @@ fn gather_positions(cx: &mut Cx, sizes: &[i64], dim: usize) -> Result<V> {
     let it = cx.meta("index")?;
     let idx = cx.tensor("index")?;
     let idx = cx.g.reshape(idx, &as_vector(&it));
-    let idx = checked_indices(cx, idx, sizes[dim], false, out_of_bounds(dim, sizes[dim]));
+    let idx = checked_indices(cx, idx, sizes[dim], false, Kind::Runtime, out_of_bounds(dim, sizes[dim]));
     Ok(flat_positions(cx, idx, sizes, dim))
 }
 

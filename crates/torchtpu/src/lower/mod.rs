@@ -10,7 +10,7 @@ use std::sync::RwLock;
 
 use crate::args::{Arg, Tensor};
 use crate::dtype::{result_type, DType, Priority};
-use crate::error::{Error, Result};
+use crate::error::{Error, Kind, Result};
 use crate::ir::{Graph, Ty, V};
 use crate::storage::Storage;
 use crate::view;
@@ -145,6 +145,14 @@ pub enum Input {
     Seed { arg: Option<usize> },
 }
 
+/// A data-dependent error: see [`Cx::check`].
+pub struct Check {
+    pub flag: V,
+    pub value: Option<V>,
+    pub kind: Kind,
+    pub message: String,
+}
+
 /// A value taking part in type promotion.
 #[derive(Clone, Copy, Debug)]
 pub struct Operand {
@@ -160,9 +168,8 @@ pub struct Cx<'a> {
     args: &'a [Arg<'a>],
     pub inputs: Vec<Input>,
     pub device: usize,
-    /// Boolean outputs that, when true, raise IndexError with the message,
-    /// with `{}` replaced by the optional i64 output's value.
-    pub checks: Vec<(V, Option<V>, String)>,
+    /// Errors raised after execution from flags the program computes.
+    pub checks: Vec<Check>,
     storages: Vec<(*const Storage, V)>,
 }
 
@@ -407,17 +414,12 @@ impl<'a> Cx<'a> {
         Ok(self.param(Ty::new(DType::U64, &[2]), Input::Seed { arg }))
     }
 
-    /// Raises IndexError(`message`) after execution if `flag` (a bool
-    /// scalar) is true.
-    pub fn check(&mut self, flag: V, message: impl Into<String>) {
-        self.checks.push((flag, None, message.into()));
-    }
-
-    /// `check`, naming the offending value (an i64 scalar) in place of `{}`
-    /// in the message, as PyTorch's CPU kernels do.
-    pub fn check_value(&mut self, flag: V, value: V, message: impl Into<String>) {
-        let value = self.g.convert(value, DType::I64);
-        self.checks.push((flag, Some(value), message.into()));
+    /// Raises `kind`(`message`) after execution if `flag` (a bool scalar) is
+    /// true; `{}` in the message becomes `value` (an integer scalar), so that
+    /// errors name the offending element as PyTorch's CPU kernels do.
+    pub fn check(&mut self, flag: V, value: Option<V>, kind: Kind, message: impl Into<String>) {
+        let value = value.map(|v| self.g.convert(v, DType::I64));
+        self.checks.push(Check { flag, value, kind, message: message.into() });
     }
 
     /// The next value of tensor `name`'s storage once `src` (its view's

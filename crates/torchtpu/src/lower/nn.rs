@@ -8,7 +8,7 @@ use super::elementwise::{finish, full_like, not_implemented, opmath, promoted};
 use super::random::uniform01;
 use super::{op, wrap_dim, Cx, Entry};
 use crate::dtype::DType;
-use crate::error::{Error, Result};
+use crate::error::{Error, Kind, Result};
 use crate::ir::{ReduceKind, V};
 
 pub static ENTRIES: &[Entry] = &[
@@ -540,14 +540,8 @@ fn check_targets(cx: &mut Cx, target: V, counted: V, classes: i64) {
     let bad = cx.g.binary("stablehlo.and", out, counted);
     let all: Vec<usize> = (0..shape.len()).collect();
     let any = cx.g.reduce(ReduceKind::Or, bad, &all);
-    // CPU names the first offending target.
-    let numel: i64 = shape.iter().product();
-    let flat_bad = cx.g.reshape(bad, &[numel]);
-    let flat_bad = cx.g.convert(flat_bad, DType::U8);
-    let first = cx.g.arg_reduce(flat_bad, 0, true);
-    let flat_target = cx.g.reshape(target, &[numel]);
-    let value = cx.g.take(flat_target, first, 0);
-    cx.check_value(any, value, "Target {} is out of bounds.");
+    let value = super::index::first_where(cx, bad, target);
+    cx.check(any, Some(value), Kind::Index, "Target {} is out of bounds.");
 }
 
 /// What each target picks from `self`: a one-hot bool mask of self's shape
