@@ -1,4 +1,6 @@
 import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -23,3 +25,12 @@ def to_cpu(x):
     if isinstance(x, (list, tuple)):
         return type(x)(to_cpu(v) for v in x)
     return x
+
+
+def run_python(code, **env):
+    """Runs `code` in a fresh interpreter with extra environment variables;
+    returns the finished process (asserting it exited cleanly)."""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env=dict(os.environ, **env), timeout=120)
+    assert out.returncode == 0, out.stderr
+    return out

@@ -1,13 +1,12 @@
 """The tpu device as PyTorch users meet it: device module, transfers,
 printing, serialization, generators, storages and views."""
 import io
-import subprocess
-import sys
 
 import pytest
 import torch
 
 import torchtpu
+from conftest import run_python
 
 
 def test_device_module():
@@ -156,8 +155,7 @@ def test_untyped_storage_and_resize():
 def test_import_orders(imports):
     """Autoload makes `import torch` enough; importing torchtpu first works too."""
     code = f"{imports}; x = torch.ones(2, device='tpu'); print((x + 1).sum().item())"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
+    out = run_python(code)
     assert out.stdout.strip() == str((torch.ones(2) + 1).sum().item())
 
 
@@ -182,9 +180,7 @@ def test_two_devices():
         "    assert torch.zeros(1, device='tpu').device.index == 1\n"
         "try:\n    a + x.to('tpu:0')\nexcept RuntimeError as e:\n    print(e)\n"
     )
-    env = dict(__import__("os").environ, TORCHTPU_DEVICE_COUNT="2")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
-    assert out.returncode == 0, out.stderr
+    out = run_python(code, TORCHTPU_DEVICE_COUNT="2")
     assert "Expected all tensors to be on the same device" in out.stdout
 
 
@@ -194,8 +190,6 @@ def test_fallback_warning_once_per_op():
         "x = torch.tensor([3.0, 1.0, 2.0], device='tpu')\n"
         "for _ in range(3):\n    torch.cummax(x, 0)\n"
     )
-    env = dict(__import__("os").environ, TORCHTPU_LOG="1")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
-    assert out.returncode == 0, out.stderr
+    out = run_python(code, TORCHTPU_LOG="1")
     warnings = [l for l in out.stderr.splitlines() if "runs on the CPU" in l]
     assert warnings == ["torchtpu: aten::_cummax_helper has no tpu lowering; it runs on the CPU (copied there and back)"]

@@ -1,12 +1,11 @@
 """Bad input gets PyTorch's own exception and message, and the process stays usable."""
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
 
 import torchtpu
+from conftest import run_python
 
 
 def raises_like_cpu(fn, *cpu_args):
@@ -80,9 +79,7 @@ def test_missing_plugin():
         "try:\n    torch.ones(2, device='tpu')\nexcept RuntimeError as e:\n    print(e)\n"
         "print(torch.ones(2).sum().item())\n"
     )
-    env = dict(os.environ, TORCHTPU_PJRT_PLUGIN="/nonexistent/plugin.so")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
-    assert out.returncode == 0, out.stderr
+    out = run_python(code, TORCHTPU_PJRT_PLUGIN="/nonexistent/plugin.so")
     message, after = out.stdout.strip().splitlines()
     assert "cannot load PJRT plugin /nonexistent/plugin.so" in message
     assert "TORCHTPU_PJRT_PLUGIN" in message
