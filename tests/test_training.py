@@ -102,3 +102,18 @@ def test_optimizers_match_cpu(name, options, mode):
         params[device] = [p.detach().cpu() for p in net.parameters()]
         assert torchtpu.metrics()["fallbacks"] == {}
     torch.testing.assert_close(params["tpu"], params["cpu"])
+
+
+def test_new_scalars_never_recompile():
+    """Learning rates, alphas and seeds are program inputs: a schedule that
+    changes them every step compiles nothing after the first step."""
+    with torchtpu.mode("strict"):
+        compiled = []
+
+        def on_step(step, net, opt, batch):
+            for group in opt.param_groups:
+                group["lr"] *= 0.7
+            compiled.append(torchtpu.metrics()["compilations"])
+
+        train("tpu", 6, LR, on_step=on_step)
+    assert compiled[1] == compiled[-1], compiled
