@@ -8,11 +8,19 @@ import torch
 import torchtpu
 
 
-@pytest.fixture(params=["strict", "debug"])
+@pytest.fixture(params=["fused", "strict", "debug"])
 def mode(request):
     """Runs a test in each eager mode."""
     with torchtpu.mode(request.param):
         yield request.param
+
+
+def synced(fn, *args):
+    """fn(*args), then waits for the device: in fused mode a data-dependent
+    error (an index out of range) surfaces where the host waits, as on CUDA."""
+    out = fn(*args)
+    torch.tpu.synchronize()
+    return out
 
 
 def to_tpu(x):

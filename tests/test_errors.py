@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import torchtpu
-from conftest import run_python
+from conftest import run_python, synced
 
 
 def raises_like_cpu(fn, *cpu_args):
@@ -13,7 +13,7 @@ def raises_like_cpu(fn, *cpu_args):
     with pytest.raises(Exception) as cpu:
         fn(*cpu_args)
     with pytest.raises(type(cpu.value)) as tpu:
-        fn(*[a.to("tpu") if isinstance(a, torch.Tensor) else a for a in cpu_args])
+        synced(fn, *[a.to("tpu") if isinstance(a, torch.Tensor) else a for a in cpu_args])
     assert str(tpu.value).splitlines()[0] == str(cpu.value).splitlines()[0]
     still_usable()
 

@@ -15,7 +15,7 @@ import torchtpu
 from torch.testing._internal.common_methods_invocations import op_db
 from torch.utils._pytree import tree_leaves, tree_map
 
-from conftest import to_cpu
+from conftest import synced, to_cpu
 
 # OpInfo entries ("name" or "name.variant") whose computation is lowered.
 OPS = [
@@ -72,6 +72,9 @@ KNOWN_GAPS = {
 TOLERANCES = {
     # Batched products of large-magnitude samples cancel in long sums.
     "matmul": {torch.float32: dict(atol=1e-4, rtol=1.3e-6)},
+    # Fused programs let XLA evaluate x**(y-1) in the gradient as one fused
+    # exp/log: a few ulp off on values near 1e5.
+    "pow": {torch.float32: dict(atol=1e-5, rtol=5e-6)},
 }
 
 # Debug mode runs this many samples per (op, dtype).
@@ -153,7 +156,7 @@ def assert_close(name, actual, expected):
 def expect_same_error(error, fn, *args):
     """fn(*args) raises `error`'s type with its message (first line)."""
     with pytest.raises(type(error), match=re.escape(str(error).split("\n")[0])):
-        fn(*args)
+        synced(fn, *args)
 
 
 def expect_same(name, check, fn, sample):
@@ -333,7 +336,7 @@ def test_views(request, case, mode):
         expected = fn(cpu)
     except Exception as e:
         with pytest.raises(type(e), match=re.escape(str(e).split("\n")[0])):
-            fn(tpu)
+            synced(fn, tpu)
         return
     torchtpu.reset_metrics()
     actual = fn(tpu)

@@ -31,7 +31,9 @@ torch.utils.generate_methods_for_privateuse1_backend(for_storage=True)
 
 
 def set_mode(mode: str) -> None:
-    """Selects the eager mode: "debug" (synchronous, checked) or "strict"."""
+    """Selects the eager mode: "fused" (the default: ops fused into XLA
+    programs), "strict" (one asynchronous op at a time) or "debug" (each op
+    synchronous and checked)."""
     _C.set_mode(mode)
 
 
@@ -51,14 +53,27 @@ def mode(name: str):
 
 
 def metrics() -> dict:
-    """Counters of the runtime: ops, executions, compilations, cache hits,
-    CPU fallbacks by op name (under "fallbacks"), live storages and buffers."""
+    """Counters of the runtime: ops, program executions, compilations, cache
+    hits and misses (per-op plans, programs in memory and on disk, fused
+    programs), time compiling and executing, CPU fallbacks by op name
+    ("fallbacks"), fused-mode flushes by reason ("flushes"), why recent fused
+    programs were compiled ("recompile_reasons"), live storages and buffers."""
     return _C.metrics()
 
 
 def reset_metrics() -> None:
     _C.reset_metrics()
 
+
+from torch.optim.optimizer import register_optimizer_step_post_hook  # noqa: E402
+
+
+def _after_optimizer_step(optimizer, args, kwargs):
+    # One fused program per training step, with no call in the user's loop.
+    _C.flush("optimizer_step")
+
+
+register_optimizer_step_post_hook(_after_optimizer_step)
 
 if "TORCHTPU_MODE" in os.environ:
     set_mode(os.environ["TORCHTPU_MODE"])

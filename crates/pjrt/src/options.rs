@@ -52,8 +52,14 @@ fn varint(out: &mut Vec<u8>, mut value: u64) {
 mod tests {
     #[test]
     fn single_device_matches_the_bytes_known_to_work() {
-        assert_eq!(super::single_device(false), [0x1a, 0x04, 0x20, 0x01, 0x28, 0x01]);
-        assert_eq!(super::single_device(true), [0x1a, 0x04, 0x20, 0x01, 0x28, 0x01, 0x20, 0x01]);
+        assert_eq!(
+            super::single_device(false),
+            [0x1a, 0x04, 0x20, 0x01, 0x28, 0x01]
+        );
+        assert_eq!(
+            super::single_device(true),
+            [0x1a, 0x04, 0x20, 0x01, 0x28, 0x01, 0x20, 0x01]
+        );
     }
 
     #[test]

@@ -234,7 +234,7 @@ c10::IValue to_return(const c10::Argument& ret, std::vector<at::Tensor>& results
 void fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const OpEntry& entry = op_entry(op);
   if (entry.op < 0) {
-    tt_fallback_count(c10::toString(op.operator_name()).c_str());
+    check(tt_fallback(c10::toString(op.operator_name()).c_str()));
     at::native::cpu_fallback(op, stack);
     return;
   }

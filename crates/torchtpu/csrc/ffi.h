@@ -102,7 +102,8 @@ int tt_op_register(const char* name, const char* overload, const TtSchemaArg* ar
 // same thread.
 int tt_op_run(int32_t op, const TtArg* args, int64_t nargs, const TtResult** results,
               int64_t* nresults);
-void tt_fallback_count(const char* name);
+// Counts a CPU fallback of `name` and runs the pending fused trace first.
+int tt_fallback(const char* name);
 
 // Copies between views: tpu->tpu (broadcast and dtype conversion included),
 // host->tpu (src.host is contiguous in dst's dtype and shape), tpu->host (dst.host

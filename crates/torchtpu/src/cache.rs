@@ -1,9 +1,17 @@
 //! The compilation cache shared by every mode: one executable per distinct
-//! StableHLO program, compiled once per process.
+//! StableHLO program, in memory and in a persistent directory (DESIGN §6).
+//!
+//! An entry's key hashes the program text, the plugin's identity and the
+//! compile options, so a changed plugin or `XLA_FLAGS` never reuses a stale
+//! executable. Entries are written atomically (a temporary file renamed into
+//! place) with a checksum; one that fails to verify or load is reported,
+//! recompiled and replaced, never trusted. The directory is kept under a size
+//! bound by evicting the least recently used entries.
 use std::collections::HashMap;
-use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Instant, SystemTime};
 
 use crate::error::{Error, Result};
 use crate::ir::Graph;
@@ -14,47 +22,268 @@ pub struct Program {
     pub exe: pjrt::LoadedExecutable,
 }
 
-static PROGRAMS: Mutex<Option<HashMap<String, Arc<Program>>>> = Mutex::new(None);
+type Key = (u64, u64);
+
+static PROGRAMS: Mutex<Option<HashMap<Key, Arc<Program>>>> = Mutex::new(None);
 
 fn dump_dir() -> PathBuf {
-    std::env::var_os("TORCHTPU_DUMP_DIR").map(PathBuf::from).unwrap_or_else(|| std::env::temp_dir().join("torchtpu"))
+    std::env::var_os("TORCHTPU_DUMP_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| std::env::temp_dir().join("torchtpu"))
 }
+
+/// 64-bit FNV-1a, continued from `h`.
+fn fnv(h: u64, bytes: &[u8]) -> u64 {
+    bytes
+        .iter()
+        .fold(h, |h, &b| (h ^ b as u64).wrapping_mul(0x100000001b3))
+}
+
+const FNV_START: u64 = 0xcbf29ce484222325;
 
 /// Writes `mlir` under the dump directory; returns the file's path.
 fn dump(mlir: &str, what: &str) -> Option<PathBuf> {
     let dir = dump_dir();
     std::fs::create_dir_all(&dir).ok()?;
-    let hash = mlir.bytes().fold(0xcbf29ce484222325u64, |h, b| (h ^ b as u64).wrapping_mul(0x100000001b3));
-    let path = dir.join(format!("{what}-{hash:016x}.mlir"));
+    let path = dir.join(format!(
+        "{}-{:016x}.mlir",
+        what.replace([':', '.', '/', ' '], "_"),
+        fnv(FNV_START, mlir.as_bytes())
+    ));
     std::fs::write(&path, mlir).ok()?;
     Some(path)
 }
 
-/// The executable of `graph`, compiled on first sight. `what` names the
-/// operation in error messages.
+/// Everything besides the program text that decides the executable.
+fn identity(rt: &runtime::Runtime, portable: bool) -> String {
+    let plugin = std::fs::metadata(&rt.plugin).map(|m| m.len()).unwrap_or(0);
+    format!(
+        "torchtpu-cache-1|{}|{plugin}|{}|{}|portable={portable}|XLA_FLAGS={}",
+        rt.plugin.display(),
+        rt.client.platform_name(),
+        rt.client.platform_version(),
+        std::env::var("XLA_FLAGS").unwrap_or_default()
+    )
+}
+
+/// The executable of `graph`, compiled on first sight (in this process or,
+/// through the disk cache, an earlier one). `what` names the operation in
+/// error messages.
 pub fn compile(graph: &Graph, what: &str) -> Result<Arc<Program>> {
     let mlir = emit::emit(graph);
-    if let Some(p) = PROGRAMS.lock().unwrap().get_or_insert_with(HashMap::new).get(&mlir) {
+    let rt = runtime::get()?;
+    // With several devices one portable executable serves them all.
+    let portable = rt.device_count() > 1;
+    let id = identity(rt, portable);
+    let key = (
+        fnv(fnv(FNV_START, id.as_bytes()), mlir.as_bytes()),
+        fnv(fnv(0x84222325cbf29ce4, mlir.as_bytes()), id.as_bytes()),
+    );
+    if let Some(p) = PROGRAMS
+        .lock()
+        .unwrap()
+        .get_or_insert_with(HashMap::new)
+        .get(&key)
+    {
         bump(&METRICS.program_hits);
         return Ok(p.clone());
     }
-    let rt = runtime::get()?;
-    let start = Instant::now();
-    // With several devices one portable executable serves them all.
-    let exe = rt.client.compile_with(&mlir, rt.device_count() > 1).map_err(|e| {
-        let name = what.replace([':', '.', '/'], "_");
-        let file = dump(&mlir, &name).map_or("(could not write the dump)".into(), |p| p.display().to_string());
-        Error::runtime(format!("torchtpu: XLA failed to compile {what}: {e}\nStableHLO written to {file}"))
-    })?;
-    add(&METRICS.compile_ns, start.elapsed().as_nanos() as u64);
-    bump(&METRICS.compilations);
-    METRICS.largest_graph.fetch_max(graph.nodes.len() as u64, std::sync::atomic::Ordering::Relaxed);
-    if std::env::var_os("TORCHTPU_DUMP_DIR").is_some() {
-        dump(&mlir, &what.replace([':', '.', '/'], "_"));
-    }
+    bump(&METRICS.program_misses);
+    let disk = disk();
+    let exe = match disk.as_ref().and_then(|d| d.load(key, rt)) {
+        Some(exe) => exe,
+        None => {
+            let start = Instant::now();
+            let exe = rt.client.compile_with(&mlir, portable).map_err(|e| {
+                let file = dump(&mlir, what).map_or("(could not write the dump)".into(), |p| {
+                    p.display().to_string()
+                });
+                Error::runtime(format!(
+                    "torchtpu: XLA failed to compile {what}: {e}\nStableHLO written to {file}"
+                ))
+            })?;
+            add(&METRICS.compile_ns, start.elapsed().as_nanos() as u64);
+            bump(&METRICS.compilations);
+            METRICS.largest_graph.fetch_max(
+                graph.nodes.len() as u64,
+                std::sync::atomic::Ordering::Relaxed,
+            );
+            if std::env::var_os("TORCHTPU_DUMP_DIR").is_some() {
+                dump(&mlir, what);
+            }
+            if let Some(d) = &disk {
+                d.store(key, &exe);
+            }
+            exe
+        }
+    };
     let program = Arc::new(Program { exe });
-    PROGRAMS.lock().unwrap().get_or_insert_with(HashMap::new).insert(mlir, program.clone());
+    PROGRAMS
+        .lock()
+        .unwrap()
+        .get_or_insert_with(HashMap::new)
+        .insert(key, program.clone());
     Ok(program)
+}
+
+// ------------------------------------------------------------------ disk
+
+/// The persistent directory: `TORCHTPU_CACHE_DIR` (empty disables it), else
+/// `$XDG_CACHE_HOME/torchtpu` or `~/.cache/torchtpu`.
+struct Disk {
+    dir: PathBuf,
+    max_bytes: u64,
+}
+
+fn disk() -> Option<&'static Disk> {
+    static DISK: OnceLock<Option<Disk>> = OnceLock::new();
+    DISK.get_or_init(|| {
+        let dir = match std::env::var_os("TORCHTPU_CACHE_DIR") {
+            Some(d) if d.is_empty() => return None,
+            Some(d) => PathBuf::from(d),
+            None => std::env::var_os("XDG_CACHE_HOME")
+                .map(PathBuf::from)
+                .or_else(|| std::env::var_os("HOME").map(|h| Path::new(&h).join(".cache")))?
+                .join("torchtpu"),
+        };
+        let mb = std::env::var("TORCHTPU_CACHE_SIZE_MB")
+            .ok()
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(4096);
+        Some(Disk {
+            dir,
+            max_bytes: mb << 20,
+        })
+    })
+    .as_ref()
+}
+
+const MAGIC: &[u8; 8] = b"TTPUEXE1";
+
+/// Entry layout: magic, key (2 x u64), payload length, payload checksum, payload.
+const HEADER: usize = 8 + 16 + 8 + 8;
+
+fn warn(message: String) {
+    eprintln!("torchtpu: warning: {message}");
+}
+
+impl Disk {
+    fn path(&self, key: Key) -> PathBuf {
+        self.dir.join(format!("{:016x}{:016x}.xla", key.0, key.1))
+    }
+
+    /// A verified entry, or None (a bad one is reported and removed).
+    fn load(&self, key: Key, rt: &runtime::Runtime) -> Option<pjrt::LoadedExecutable> {
+        let path = self.path(key);
+        let Ok(bytes) = std::fs::read(&path) else {
+            bump(&METRICS.disk_misses);
+            return None;
+        };
+        let verified = verify(&bytes, key)
+            .and_then(|payload| rt.client.deserialize(payload).map_err(|e| e.to_string()));
+        match verified {
+            Ok(exe) => {
+                bump(&METRICS.disk_hits);
+                // Recency for eviction.
+                if let Ok(f) = std::fs::File::options().append(true).open(&path) {
+                    let _ = f.set_modified(SystemTime::now());
+                }
+                Some(exe)
+            }
+            Err(why) => {
+                bump(&METRICS.disk_corrupt);
+                bump(&METRICS.disk_misses);
+                warn(format!(
+                    "compilation cache entry {} is unusable ({why}); recompiling and replacing it",
+                    path.display()
+                ));
+                let _ = std::fs::remove_file(&path);
+                None
+            }
+        }
+    }
+
+    fn store(&self, key: Key, exe: &pjrt::LoadedExecutable) {
+        let written = exe
+            .serialize()
+            .map_err(|e| e.to_string())
+            .and_then(|payload| {
+                std::fs::create_dir_all(&self.dir).map_err(|e| e.to_string())?;
+                let mut bytes = Vec::with_capacity(HEADER + payload.len());
+                bytes.extend_from_slice(MAGIC);
+                bytes.extend_from_slice(&key.0.to_le_bytes());
+                bytes.extend_from_slice(&key.1.to_le_bytes());
+                bytes.extend_from_slice(&(payload.len() as u64).to_le_bytes());
+                bytes.extend_from_slice(&fnv(FNV_START, &payload).to_le_bytes());
+                bytes.extend_from_slice(&payload);
+                // Written aside and renamed: readers see a whole entry or none.
+                let tmp = self.dir.join(format!(
+                    ".{:016x}{:016x}.{}.tmp",
+                    key.0,
+                    key.1,
+                    std::process::id()
+                ));
+                let mut f = std::fs::File::create(&tmp).map_err(|e| e.to_string())?;
+                f.write_all(&bytes).map_err(|e| e.to_string())?;
+                drop(f);
+                std::fs::rename(&tmp, self.path(key)).map_err(|e| e.to_string())
+            });
+        match written {
+            Ok(()) => self.evict(),
+            Err(e) => warn(format!(
+                "could not write to the compilation cache in {}: {e}",
+                self.dir.display()
+            )),
+        }
+    }
+
+    /// Removes least recently used entries until the directory fits its bound.
+    fn evict(&self) {
+        let Ok(dir) = std::fs::read_dir(&self.dir) else {
+            return;
+        };
+        let mut entries: Vec<(SystemTime, u64, PathBuf)> = dir
+            .flatten()
+            .filter(|e| e.path().extension().is_some_and(|x| x == "xla"))
+            .filter_map(|e| {
+                let m = e.metadata().ok()?;
+                Some((m.modified().ok()?, m.len(), e.path()))
+            })
+            .collect();
+        let mut total: u64 = entries.iter().map(|e| e.1).sum();
+        entries.sort();
+        for (_, len, path) in entries {
+            if total <= self.max_bytes {
+                break;
+            }
+            if std::fs::remove_file(&path).is_ok() {
+                total -= len;
+            }
+        }
+    }
+}
+
+/// The payload of an entry, if its header and checksum hold.
+fn verify(bytes: &[u8], key: Key) -> std::result::Result<&[u8], String> {
+    if bytes.len() < HEADER || &bytes[..8] != MAGIC {
+        return Err("not a torchtpu cache entry".into());
+    }
+    let word = |i: usize| u64::from_le_bytes(bytes[i..i + 8].try_into().unwrap());
+    if (word(8), word(16)) != key {
+        return Err("written for another program".into());
+    }
+    let payload = &bytes[HEADER..];
+    if word(24) != payload.len() as u64 {
+        return Err(format!(
+            "truncated: {} of {} bytes",
+            payload.len(),
+            word(24)
+        ));
+    }
+    if word(32) != fnv(FNV_START, payload) {
+        return Err("checksum mismatch".into());
+    }
+    Ok(payload)
 }
 
 #[cfg(test)]
@@ -65,17 +294,59 @@ mod tests {
 
     #[test]
     fn failed_compilation_names_its_dump() {
-        let Ok(plugin) = std::env::var("TORCHTPU_PJRT_PLUGIN") else { return eprintln!("no plugin: skipped") };
+        let Ok(plugin) = std::env::var("TORCHTPU_PJRT_PLUGIN") else {
+            return eprintln!("no plugin: skipped");
+        };
         runtime::configure(plugin.into(), Some(1));
         // Contracting 3 against 4 passes our IR builder but not XLA's verifier.
         let mut g = Graph::default();
         let a = g.param(Ty::new(DType::F32, &[2, 3]));
         let b = g.param(Ty::new(DType::F32, &[4, 5]));
-        let op = Op::DotGeneral { lhs_batch: vec![], rhs_batch: vec![], lhs_contract: vec![1], rhs_contract: vec![0] };
+        let op = Op::DotGeneral {
+            lhs_batch: vec![],
+            rhs_batch: vec![],
+            lhs_contract: vec![1],
+            rhs_contract: vec![0],
+        };
         g.outputs = vec![g.push(op, vec![a, b], Ty::new(DType::F32, &[2, 5]))];
-        let err = compile(&g, "aten::mm").err().expect("XLA rejects the program");
-        let path = err.message.rsplit("StableHLO written to ").next().unwrap().trim();
-        assert!(err.message.contains("XLA failed to compile aten::mm"), "{}", err.message);
-        assert!(std::fs::read_to_string(path).unwrap().contains("stablehlo.dot_general"));
+        let err = compile(&g, "aten::mm")
+            .err()
+            .expect("XLA rejects the program");
+        let path = err
+            .message
+            .rsplit("StableHLO written to ")
+            .next()
+            .unwrap()
+            .trim();
+        assert!(
+            err.message.contains("XLA failed to compile aten::mm"),
+            "{}",
+            err.message
+        );
+        assert!(std::fs::read_to_string(path)
+            .unwrap()
+            .contains("stablehlo.dot_general"));
+    }
+
+    #[test]
+    fn damaged_entries_never_verify() {
+        let key = (1, 2);
+        let payload = b"executable bytes";
+        let mut entry = MAGIC.to_vec();
+        for w in [key.0, key.1, payload.len() as u64, fnv(FNV_START, payload)] {
+            entry.extend_from_slice(&w.to_le_bytes());
+        }
+        entry.extend_from_slice(payload);
+        assert_eq!(verify(&entry, key), Ok(&payload[..]));
+        assert!(verify(&entry, (1, 3))
+            .unwrap_err()
+            .contains("another program"));
+        assert!(verify(&entry[..entry.len() - 1], key)
+            .unwrap_err()
+            .contains("truncated"));
+        let mut flipped = entry.clone();
+        *flipped.last_mut().unwrap() ^= 1;
+        assert!(verify(&flipped, key).unwrap_err().contains("checksum"));
+        assert!(verify(b"garbage", key).is_err());
     }
 }

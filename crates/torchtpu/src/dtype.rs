@@ -38,7 +38,12 @@ impl DType {
             15 => BF16,
             28 => U32,
             29 => U64,
-            _ => return Err(Error::type_error(format!("tpu does not support dtype {}", c10_name(code)))),
+            _ => {
+                return Err(Error::type_error(format!(
+                    "tpu does not support dtype {}",
+                    c10_name(code)
+                )))
+            }
         })
     }
 
@@ -119,10 +124,35 @@ impl DType {
 
 fn c10_name(code: i32) -> &'static str {
     const NAMES: [&str; 30] = [
-        "Byte", "Char", "Short", "Int", "Long", "Half", "Float", "Double", "ComplexHalf",
-        "ComplexFloat", "ComplexDouble", "Bool", "QInt8", "QUInt8", "QInt32", "BFloat16",
-        "QUInt4x2", "QUInt2x4", "Bits1x8", "Bits2x4", "Bits4x2", "Bits8", "Bits16",
-        "Float8_e5m2", "Float8_e4m3fn", "Float8_e5m2fnuz", "Float8_e4m3fnuz", "UInt16", "UInt32",
+        "Byte",
+        "Char",
+        "Short",
+        "Int",
+        "Long",
+        "Half",
+        "Float",
+        "Double",
+        "ComplexHalf",
+        "ComplexFloat",
+        "ComplexDouble",
+        "Bool",
+        "QInt8",
+        "QUInt8",
+        "QInt32",
+        "BFloat16",
+        "QUInt4x2",
+        "QUInt2x4",
+        "Bits1x8",
+        "Bits2x4",
+        "Bits4x2",
+        "Bits8",
+        "Bits16",
+        "Float8_e5m2",
+        "Float8_e4m3fn",
+        "Float8_e5m2fnuz",
+        "Float8_e4m3fnuz",
+        "UInt16",
+        "UInt32",
         "UInt64",
     ];
     NAMES.get(code as usize).copied().unwrap_or("this dtype")
@@ -167,7 +197,14 @@ pub fn result_type(operands: &[(DType, Priority)]) -> DType {
         let (slot, dtype) = match priority {
             Priority::Dim => (0, dtype),
             Priority::ZeroDim => (1, dtype),
-            Priority::Wrapped => (2, if dtype.is_float() { DEFAULT_FLOAT } else { dtype }),
+            Priority::Wrapped => (
+                2,
+                if dtype.is_float() {
+                    DEFAULT_FLOAT
+                } else {
+                    dtype
+                },
+            ),
         };
         state[slot] = Some(state[slot].map_or(dtype, |d| promote(d, dtype)));
     }
@@ -207,11 +244,26 @@ mod tests {
         assert_eq!(promote(I64, F16), F16);
         assert_eq!(promote(Bool, I32), I32);
         // int tensor + float scalar -> default float; float16 tensor + float scalar stays.
-        assert_eq!(result_type(&[(I64, Priority::Dim), (F64, Priority::Wrapped)]), F32);
-        assert_eq!(result_type(&[(F16, Priority::Dim), (F64, Priority::Wrapped)]), F16);
+        assert_eq!(
+            result_type(&[(I64, Priority::Dim), (F64, Priority::Wrapped)]),
+            F32
+        );
+        assert_eq!(
+            result_type(&[(F16, Priority::Dim), (F64, Priority::Wrapped)]),
+            F16
+        );
         // zero-dim tensors do not promote within a category.
-        assert_eq!(result_type(&[(F32, Priority::Dim), (F64, Priority::ZeroDim)]), F32);
-        assert_eq!(result_type(&[(I32, Priority::Dim), (F64, Priority::ZeroDim)]), F64);
-        assert_eq!(result_type(&[(Bool, Priority::Dim), (I64, Priority::Wrapped)]), I64);
+        assert_eq!(
+            result_type(&[(F32, Priority::Dim), (F64, Priority::ZeroDim)]),
+            F32
+        );
+        assert_eq!(
+            result_type(&[(I32, Priority::Dim), (F64, Priority::ZeroDim)]),
+            F64
+        );
+        assert_eq!(
+            result_type(&[(Bool, Priority::Dim), (I64, Priority::Wrapped)]),
+            I64
+        );
     }
 }

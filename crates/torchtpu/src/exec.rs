@@ -1,8 +1,9 @@
-//! Running operators: per-signature plans (strict and debug modes), program
-//! inputs, and copies between views and the host.
+//! Running operators: per-signature plans, shared by every mode; running
+//! them one by one (strict and debug modes) or handing them to the fused
+//! trace; program inputs; copies between views and the host.
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU8, Ordering};
-use std::sync::{Arc, LazyLock, Mutex, RwLock, Weak};
+use std::sync::{Arc, LazyLock, Mutex, OnceLock, RwLock, Weak};
 use std::time::Instant;
 
 use crate::args::{Arg, Tensor};
@@ -13,7 +14,8 @@ use crate::ir::Ty;
 use crate::lower::{self, Cx, Input, OpDef};
 use crate::metrics::{add, bump, METRICS};
 use crate::runtime;
-use crate::storage::{DeviceBuffer, Storage};
+use crate::storage::{DeviceBuffer, Storage, Value};
+use crate::trace::{self, Reason};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Mode {
@@ -21,21 +23,33 @@ pub enum Mode {
     Debug = 0,
     /// Each op compiled alone (cached per signature), run asynchronously.
     Strict = 1,
+    /// Ops recorded into a trace, flushed as one program (see `trace`).
+    Fused = 2,
 }
 
-static MODE: AtomicU8 = AtomicU8::new(Mode::Strict as u8);
+static MODE: AtomicU8 = AtomicU8::new(Mode::Fused as u8);
 
 pub fn mode() -> Mode {
-    if MODE.load(Ordering::Relaxed) == 0 { Mode::Debug } else { Mode::Strict }
+    match MODE.load(Ordering::Relaxed) {
+        0 => Mode::Debug,
+        1 => Mode::Strict,
+        _ => Mode::Fused,
+    }
 }
 
 pub fn set_mode(name: &str) -> Result<()> {
     let m = match name {
         "debug" => Mode::Debug,
         "strict" => Mode::Strict,
-        "fused" => return Err(Error::not_implemented("torchtpu: fused mode is not implemented yet; use 'strict' or 'debug'")),
-        _ => return Err(Error::value(format!("torchtpu: unknown mode '{name}'; expected 'debug' or 'strict'"))),
+        "fused" => Mode::Fused,
+        _ => {
+            return Err(Error::value(format!(
+                "torchtpu: unknown mode '{name}'; expected 'fused', 'strict' or 'debug'"
+            )))
+        }
     };
+    // What was recorded so far runs under the mode that recorded it.
+    trace::flush(Reason::Mode)?;
     MODE.store(m as u8, Ordering::Relaxed);
     Ok(())
 }
@@ -44,16 +58,47 @@ pub fn mode_name() -> &'static str {
     match mode() {
         Mode::Debug => "debug",
         Mode::Strict => "strict",
+        Mode::Fused => "fused",
     }
 }
 
-/// A compiled operator signature: the program and where its inputs come from.
+/// An operator signature lowered once: its graph (whose parameters are
+/// `inputs`) and, once some mode runs it alone, its compiled program.
 pub struct Plan {
-    program: Arc<Program>,
-    inputs: Vec<Input>,
-    outputs: Vec<Ty>,
-    /// Data-dependent errors, with output indices for their flag and value.
-    checks: Vec<lower::Check>,
+    pub name: String,
+    pub graph: crate::ir::Graph,
+    program: OnceLock<Arc<Program>>,
+    pub inputs: Vec<Input>,
+    /// The op's results: the first `outputs.len()` graph outputs.
+    pub outputs: Vec<Ty>,
+    /// Data-dependent errors, with graph output indices for their flag and value.
+    pub checks: Vec<lower::Check>,
+}
+
+impl Plan {
+    fn program(&self) -> Result<Arc<Program>> {
+        if let Some(p) = self.program.get() {
+            return Ok(p.clone());
+        }
+        let p = cache::compile(&self.graph, &self.name)?;
+        Ok(self.program.get_or_init(|| p).clone())
+    }
+
+    /// `aten::mm(f32[2,3], f32[3,4]) -> f32[2,4]`, for explanations.
+    pub fn describe(&self) -> String {
+        let tys = |t: &[Ty]| {
+            t.iter()
+                .map(|t| format!("{}{:?}", t.dtype.mlir(), t.shape))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        format!(
+            "{}({}) -> {}",
+            self.name,
+            tys(&self.graph.params),
+            tys(&self.outputs)
+        )
+    }
 }
 
 type Key = Vec<u64>;
@@ -61,7 +106,7 @@ type Key = Vec<u64>;
 /// FxHash: keys here are short runs of integers on the per-op path, where
 /// SipHash's DoS resistance buys nothing.
 #[derive(Default)]
-struct FxHasher(u64);
+pub struct FxHasher(u64);
 
 impl std::hash::Hasher for FxHasher {
     fn write(&mut self, bytes: &[u8]) {
@@ -82,7 +127,7 @@ impl std::hash::Hasher for FxHasher {
     }
 }
 
-type FxMap<K, V> = HashMap<K, V, std::hash::BuildHasherDefault<FxHasher>>;
+pub type FxMap<K, V> = HashMap<K, V, std::hash::BuildHasherDefault<FxHasher>>;
 
 static PLANS: LazyLock<RwLock<FxMap<Key, Arc<Plan>>>> = LazyLock::new(Default::default);
 
@@ -93,7 +138,13 @@ fn signature(op: &OpDef, args: &[Arg]) -> Key {
     let mut storages: Vec<*const Storage> = Vec::new();
     let mut tensor = |key: &mut Key, t: &Option<Tensor>| {
         let Some(t) = t else { return key.push(0) };
-        key.extend([1, t.dtype as u64, t.device.map_or(u64::MAX, |d| d as u64), t.wrapped as u64, t.sizes.len() as u64]);
+        key.extend([
+            1,
+            t.dtype as u64,
+            t.device.map_or(u64::MAX, |d| d as u64),
+            t.wrapped as u64,
+            t.sizes.len() as u64,
+        ]);
         key.extend(t.sizes.iter().map(|&s| s as u64));
         if t.device.is_none() {
             return;
@@ -105,15 +156,19 @@ fn signature(op: &OpDef, args: &[Arg]) -> Key {
             Some(s) => {
                 // Aliasing decides the program's parameters: which earlier tensor shares the storage.
                 let p = s as *const Storage;
-                let first = storages.iter().position(|&q| q == p).unwrap_or(storages.len());
+                let first = storages
+                    .iter()
+                    .position(|&q| q == p)
+                    .unwrap_or(storages.len());
                 storages.push(p);
                 key.push(first as u64);
                 key.push(s.nbytes as u64);
                 match s.value() {
                     None => key.push(u64::MAX - 1),
-                    Some(b) => {
-                        key.push(b.ty.dtype as u64);
-                        key.extend(b.ty.shape.iter().map(|&d| d as u64));
+                    Some(v) => {
+                        let ty = v.ty();
+                        key.push(ty.dtype as u64);
+                        key.extend(ty.shape.iter().map(|&d| d as u64));
                         key.push(u64::MAX - 2);
                     }
                 }
@@ -131,9 +186,21 @@ fn signature(op: &OpDef, args: &[Arg]) -> Key {
                     tensor(&mut key, t);
                 }
             }
-            Arg::Int(v) => key.extend(if runtime { vec![103] } else { vec![104, *v as u64] }),
-            Arg::Float(f) => key.extend(if runtime { vec![105] } else { vec![106, f.to_bits()] }),
-            Arg::Bool(b) => key.extend(if runtime { vec![107] } else { vec![108, *b as u64] }),
+            Arg::Int(v) => key.extend(if runtime {
+                vec![103]
+            } else {
+                vec![104, *v as u64]
+            }),
+            Arg::Float(f) => key.extend(if runtime {
+                vec![105]
+            } else {
+                vec![106, f.to_bits()]
+            }),
+            Arg::Bool(b) => key.extend(if runtime {
+                vec![107]
+            } else {
+                vec![108, *b as u64]
+            }),
             Arg::Ints(v) => {
                 key.extend([109, v.len() as u64]);
                 key.extend(v.iter().map(|&x| x as u64));
@@ -172,12 +239,18 @@ fn build(op: &OpDef, args: &[Arg], device: usize) -> Result<Plan> {
         }
         checks.push(check);
     }
-    let program = cache::compile(&g, &op.name)?;
     let outputs = outputs.iter().map(|&v| g.ty(v).clone()).collect();
-    Ok(Plan { program, inputs: cx.inputs, outputs, checks })
+    Ok(Plan {
+        name: op.name.clone(),
+        graph: g,
+        program: OnceLock::new(),
+        inputs: cx.inputs,
+        outputs,
+        checks,
+    })
 }
 
-fn plan(op: &OpDef, args: &[Arg], device: usize) -> Result<Arc<Plan>> {
+pub fn plan(op: &OpDef, args: &[Arg], device: usize) -> Result<Arc<Plan>> {
     let key = signature(op, args);
     if let Some(p) = PLANS.read().unwrap().get(&key) {
         bump(&METRICS.plan_hits);
@@ -193,16 +266,22 @@ fn plan(op: &OpDef, args: &[Arg], device: usize) -> Result<Arc<Plan>> {
 
 /// Small uploads (scalars) reused by value: a constant `alpha` or learning
 /// rate costs no transfer after its first use.
-static SCALARS: LazyLock<Mutex<FxMap<(usize, DType, u64), Arc<DeviceBuffer>>>> = LazyLock::new(Default::default);
+static SCALARS: LazyLock<Mutex<FxMap<(usize, DType, u64), Arc<DeviceBuffer>>>> =
+    LazyLock::new(Default::default);
 
 /// How many scalar buffers the cache keeps alive (for leak accounting).
 pub fn cached_scalars() -> usize {
     SCALARS.lock().unwrap().len()
 }
 
-fn upload(bytes: &[u8], ty: Ty, device: usize) -> Result<Arc<DeviceBuffer>> {
+pub fn upload(bytes: &[u8], ty: Ty, device: usize) -> Result<Arc<DeviceBuffer>> {
     let rt = runtime::get()?;
-    let buf = rt.client.buffer_from_host(bytes, ty.dtype.element_type(), &ty.shape, rt.device(device)?)?;
+    let buf = rt.client.buffer_from_host(
+        bytes,
+        ty.dtype.element_type(),
+        &ty.shape,
+        rt.device(device)?,
+    )?;
     bump(&METRICS.transfers_to_device);
     Ok(DeviceBuffer::new(buf, ty))
 }
@@ -223,20 +302,39 @@ fn upload_scalar(bytes: &[u8], dtype: DType, device: usize) -> Result<Arc<Device
     Ok(b)
 }
 
-fn tensor_at<'a>(args: &'a [Arg<'a>], arg: usize, item: usize) -> Result<Tensor<'a>> {
+pub fn tensor_at<'a>(args: &'a [Arg<'a>], arg: usize, item: usize) -> Result<Tensor<'a>> {
     match &args[arg] {
         Arg::Tensor(t) if item == 0 => Ok(*t),
-        Arg::Tensors(ts) => ts.get(item).copied().flatten().ok_or_else(|| Error::runtime("torchtpu: missing tensor input")),
+        Arg::Tensors(ts) => ts
+            .get(item)
+            .copied()
+            .flatten()
+            .ok_or_else(|| Error::runtime("torchtpu: missing tensor input")),
         _ => Err(Error::runtime("torchtpu: input is not a tensor")),
     }
 }
 
-fn input(input: &Input, args: &[Arg], device: usize) -> Result<Arc<DeviceBuffer>> {
+/// The buffer holding `value`, running the fused trace first if it has
+/// not been computed yet.
+pub fn resolve(value: &Value, reason: Reason) -> Result<Arc<DeviceBuffer>> {
+    if let Some(b) = value.buffer() {
+        return b;
+    }
+    trace::flush(reason)?;
+    value
+        .buffer()
+        .unwrap_or_else(|| Err(Error::runtime("torchtpu: a pending value was not computed")))
+}
+
+pub fn input(input: &Input, args: &[Arg], device: usize) -> Result<Arc<DeviceBuffer>> {
     match *input {
-        Input::Storage { arg, item } => tensor_at(args, arg, item)?
-            .storage
-            .and_then(|s| s.value())
-            .ok_or_else(|| Error::runtime("torchtpu: a storage lost its value")),
+        Input::Storage { arg, item } => {
+            let value = tensor_at(args, arg, item)?.storage.and_then(|s| s.value());
+            resolve(
+                &value.ok_or_else(|| Error::runtime("torchtpu: a storage lost its value"))?,
+                Reason::Mode,
+            )
+        }
         Input::Host { arg, item } => {
             let t = tensor_at(args, arg, item)?;
             upload_scalar(t.host_bytes(), t.dtype, device)
@@ -266,7 +364,7 @@ fn input(input: &Input, args: &[Arg], device: usize) -> Result<Arc<DeviceBuffer>
 /// Buffers produced since the last synchronize, for `synchronize`.
 static PENDING: Mutex<Vec<Weak<DeviceBuffer>>> = Mutex::new(Vec::new());
 
-fn track(buffers: &[Arc<DeviceBuffer>]) {
+pub fn track(buffers: &[Arc<DeviceBuffer>]) {
     let mut pending = PENDING.lock().unwrap();
     if pending.len() > 4096 {
         pending.retain(|w| w.strong_count() > 0);
@@ -274,8 +372,10 @@ fn track(buffers: &[Arc<DeviceBuffer>]) {
     pending.extend(buffers.iter().map(Arc::downgrade));
 }
 
-/// Waits for every computation issued so far.
+/// Runs what fused mode recorded and waits for every computation issued so far.
 pub fn synchronize() -> Result<()> {
+    trace::flush(Reason::Synchronize)?;
+    trace::verify_checks()?;
     let pending = std::mem::take(&mut *PENDING.lock().unwrap());
     for b in pending.iter().filter_map(Weak::upgrade) {
         b.buf.await_ready()?;
@@ -283,7 +383,7 @@ pub fn synchronize() -> Result<()> {
     Ok(())
 }
 
-fn read_bool(b: &DeviceBuffer) -> Result<bool> {
+pub fn read_bool(b: &DeviceBuffer) -> Result<bool> {
     let mut byte = [0u8; 1];
     b.buf.to_host(&mut byte)?;
     Ok(byte[0] != 0)
@@ -291,15 +391,27 @@ fn read_bool(b: &DeviceBuffer) -> Result<bool> {
 
 fn execute(plan: &Plan, what: &str, args: &[Arg], device: usize) -> Result<Vec<Arc<DeviceBuffer>>> {
     let rt = runtime::get()?;
-    let held: Vec<Arc<DeviceBuffer>> = plan.inputs.iter().map(|i| input(i, args, device)).collect::<Result<_>>()?;
+    let held: Vec<Arc<DeviceBuffer>> = plan
+        .inputs
+        .iter()
+        .map(|i| input(i, args, device))
+        .collect::<Result<_>>()?;
     let refs: Vec<&pjrt::Buffer> = held.iter().map(|b| &b.buf).collect();
     let start = Instant::now();
-    let raw = plan.program.exe.execute(&refs, rt.device(device)?, &[]).map_err(|e| launch_error(e, what, device))?;
+    let program = plan.program()?;
+    let raw = program
+        .exe
+        .execute(&refs, rt.device(device)?, &[])
+        .map_err(|e| launch_error(e, what, device))?;
     add(&METRICS.execute_ns, start.elapsed().as_nanos() as u64);
     bump(&METRICS.executions);
     let mut outs: Vec<Arc<DeviceBuffer>> = Vec::with_capacity(raw.len());
     for (i, buf) in raw.into_iter().enumerate() {
-        let ty = plan.outputs.get(i).cloned().unwrap_or(Ty::new(DType::Bool, &[]));
+        let ty = plan
+            .outputs
+            .get(i)
+            .cloned()
+            .unwrap_or(Ty::new(DType::Bool, &[]));
         outs.push(DeviceBuffer::new(buf, ty));
     }
     for check in &plan.checks {
@@ -310,13 +422,18 @@ fn execute(plan: &Plan, what: &str, args: &[Arg], device: usize) -> Result<Vec<A
                 outs[v].buf.to_host(&mut word)?;
                 message = message.replace("{}", &i64::from_le_bytes(word).to_string());
             }
-            return Err(Error { kind: check.kind, message });
+            return Err(Error {
+                kind: check.kind,
+                message,
+            });
         }
     }
     outs.truncate(plan.outputs.len());
     if mode() == Mode::Debug {
         for b in &outs {
-            b.buf.await_ready().map_err(|e| Error::runtime(format!("torchtpu: {what} failed: {e}")))?;
+            b.buf
+                .await_ready()
+                .map_err(|e| Error::runtime(format!("torchtpu: {what} failed: {e}")))?;
         }
         if std::env::var("TORCHTPU_DEBUG_NANS").is_ok_and(|v| v == "1") {
             check_finite(&outs, what, device)?;
@@ -328,7 +445,7 @@ fn execute(plan: &Plan, what: &str, args: &[Arg], device: usize) -> Result<Vec<A
 }
 
 /// PJRT's error with what the user can do about it.
-fn launch_error(e: pjrt::Error, what: &str, device: usize) -> Error {
+pub fn launch_error(e: pjrt::Error, what: &str, device: usize) -> Error {
     const RESOURCE_EXHAUSTED: i32 = 8;
     if e.code == RESOURCE_EXHAUSTED {
         Error::runtime(format!(
@@ -347,11 +464,19 @@ fn check_finite(outs: &[Arc<DeviceBuffer>], what: &str, device: usize) -> Result
         let mut bytes = vec![0u8; b.ty.numel() as usize * b.ty.dtype.size()];
         b.buf.to_host(&mut bytes)?;
         let bad = match b.ty.dtype {
-            DType::F32 => bytes.chunks_exact(4).any(|c| !f32::from_le_bytes(c.try_into().unwrap()).is_finite()),
-            DType::F64 => bytes.chunks_exact(8).any(|c| !f64::from_le_bytes(c.try_into().unwrap()).is_finite()),
+            DType::F32 => bytes
+                .chunks_exact(4)
+                .any(|c| !f32::from_le_bytes(c.try_into().unwrap()).is_finite()),
+            DType::F64 => bytes
+                .chunks_exact(8)
+                .any(|c| !f64::from_le_bytes(c.try_into().unwrap()).is_finite()),
             // f16/bf16: exponent bits all ones.
-            DType::BF16 => bytes.chunks_exact(2).any(|c| u16::from_le_bytes([c[0], c[1]]) & 0x7f80 == 0x7f80),
-            _ => bytes.chunks_exact(2).any(|c| u16::from_le_bytes([c[0], c[1]]) & 0x7c00 == 0x7c00),
+            DType::BF16 => bytes
+                .chunks_exact(2)
+                .any(|c| u16::from_le_bytes([c[0], c[1]]) & 0x7f80 == 0x7f80),
+            _ => bytes
+                .chunks_exact(2)
+                .any(|c| u16::from_le_bytes([c[0], c[1]]) & 0x7c00 == 0x7c00),
         };
         if bad {
             return Err(Error::runtime(format!(
@@ -391,17 +516,29 @@ fn device_of(op: &OpDef, args: &[Arg]) -> Result<usize> {
     Ok(found.unwrap_or(0))
 }
 
+/// Runs a plan (or, in fused mode, records it); returns the results' values.
+fn apply(plan: &Arc<Plan>, what: &str, args: &[Arg], device: usize) -> Result<Vec<Value>> {
+    bump(&METRICS.ops);
+    if mode() == Mode::Fused {
+        return trace::record(plan, args, device);
+    }
+    Ok(execute(plan, what, args, device)?
+        .into_iter()
+        .map(Value::Ready)
+        .collect())
+}
+
 /// Runs a functional operator; its results are fresh storages.
 pub fn run_op(op: &OpDef, args: &[Arg]) -> Result<Vec<Arc<Storage>>> {
-    bump(&METRICS.ops);
     let device = device_of(op, args)?;
     let plan = plan(op, args, device)?;
-    let outs = execute(&plan, &op.name, args, device)?;
+    let outs = apply(&plan, &op.name, args, device)?;
     Ok(outs
         .into_iter()
-        .map(|b| {
-            let nbytes = b.ty.numel() * b.ty.dtype.size() as i64;
-            Storage::new(device, nbytes, Some(b))
+        .map(|v| {
+            let ty = v.ty();
+            let nbytes = ty.numel() * ty.dtype.size() as i64;
+            Storage::new(device, nbytes, Some(v))
         })
         .collect())
 }
@@ -411,16 +548,20 @@ pub fn run_op(op: &OpDef, args: &[Arg]) -> Result<Vec<Arc<Storage>>> {
 static COPY: LazyLock<OpDef> = LazyLock::new(|| lower::internal("torchtpu::copy", -2));
 static CONTIGUOUS: LazyLock<OpDef> = LazyLock::new(|| lower::internal("torchtpu::contiguous", -3));
 
-/// The view `t` as a contiguous device buffer of its dtype and shape.
+/// The view `t` as a contiguous device buffer of its dtype and shape, for
+/// the host to read.
 fn contiguous(t: &Tensor, device: usize) -> Result<Arc<DeviceBuffer>> {
-    if let Some(v) = t.storage.and_then(|s| s.value()) {
-        if v.ty.dtype == t.dtype && t.view().is_whole(v.ty.numel()) {
-            return Ok(v);
+    let value = match t.storage.and_then(|s| s.value()) {
+        Some(v) if v.ty().dtype == t.dtype && t.view().is_whole(v.ty().numel()) => v,
+        _ => {
+            let args = [Arg::Tensor(*t), Arg::None];
+            let plan = plan(&CONTIGUOUS, &args, device)?;
+            apply(&plan, "copy", &args, device)?.remove(0)
         }
-    }
-    let args = [Arg::Tensor(*t), Arg::None];
-    let plan = plan(&CONTIGUOUS, &args, device)?;
-    Ok(execute(&plan, "copy", &args, device)?.remove(0))
+    };
+    let buf = resolve(&value, Reason::HostRead)?;
+    trace::verify_checks()?;
+    Ok(buf)
 }
 
 /// `dst.copy_(src)` where each is a tpu view or a contiguous host tensor
@@ -440,45 +581,79 @@ pub fn copy(src: &Tensor, dst: &Tensor) -> Result<()> {
             Ok(())
         }
         (None, Some(device)) => {
-            let storage = dst.storage.ok_or_else(|| Error::runtime("torchtpu: copy into a tensor without storage"))?;
+            let storage = dst
+                .storage
+                .ok_or_else(|| Error::runtime("torchtpu: copy into a tensor without storage"))?;
             let buf = upload(src.host_bytes(), dst.ty(), device)?;
-            if dst.view().is_whole(storage.nbytes / dst.dtype.size() as i64) {
-                storage.set(buf);
+            if dst
+                .view()
+                .is_whole(storage.nbytes / dst.dtype.size() as i64)
+            {
+                storage.set(Value::Ready(buf));
                 return Ok(());
             }
-            let staged = Storage::new(device, buf.ty.numel() * dst.dtype.size() as i64, Some(buf));
+            let staged = Storage::new(
+                device,
+                buf.ty.numel() * dst.dtype.size() as i64,
+                Some(Value::Ready(buf)),
+            );
             let strides = crate::view::contiguous_strides(dst.sizes);
-            let src = Tensor { storage: Some(&staged), strides: &strides, offset: 0, device: Some(device), ..*dst };
+            let src = Tensor {
+                storage: Some(&staged),
+                strides: &strides,
+                offset: 0,
+                device: Some(device),
+                ..*dst
+            };
             copy_device(&src, dst, device)
         }
         (Some(device), Some(_)) => copy_device(src, dst, device),
-        (None, None) => Err(Error::runtime("torchtpu: host-to-host copy reached the tpu runtime")),
+        (None, None) => Err(Error::runtime(
+            "torchtpu: host-to-host copy reached the tpu runtime",
+        )),
     }
 }
 
 fn copy_device(src: &Tensor, dst: &Tensor, device: usize) -> Result<()> {
-    let storage = dst.storage.ok_or_else(|| Error::runtime("torchtpu: copy into a tensor without storage"))?;
-    let whole = dst.view().is_whole(storage.nbytes / dst.dtype.size() as i64);
+    let storage = dst
+        .storage
+        .ok_or_else(|| Error::runtime("torchtpu: copy into a tensor without storage"))?;
+    let whole = dst
+        .view()
+        .is_whole(storage.nbytes / dst.dtype.size() as i64);
     // Same bytes, whole storages: share the immutable buffer.
     if let Some(v) = src.storage.and_then(|s| s.value()) {
-        if whole && src.dtype == dst.dtype && src.numel() == dst.numel() && src.view().is_whole(v.ty.numel()) {
+        if whole
+            && src.dtype == dst.dtype
+            && src.numel() == dst.numel()
+            && src.view().is_whole(v.ty().numel())
+        {
             storage.set(v);
             return Ok(());
         }
     }
-    bump(&METRICS.ops);
     let args = [Arg::Tensor(*src), Arg::Tensor(*dst)];
     let plan = plan(&COPY, &args, device)?;
-    let out = execute(&plan, "copy_", &args, device)?.remove(0);
+    let out = apply(&plan, "copy_", &args, device)?.remove(0);
     storage.set(out);
     Ok(())
 }
 
 /// A new storage of `nbytes` holding `old`'s bytes (the rest zero).
 pub fn resized(old: &Storage, nbytes: i64) -> Result<Arc<Storage>> {
-    let Some(value) = old.value() else { return Ok(Storage::new(old.device, nbytes, None)) };
-    let dtype = if nbytes % value.ty.dtype.size() as i64 == 0 { value.ty.dtype } else { DType::U8 };
-    let (have, want) = (old.nbytes / dtype.size() as i64, nbytes / dtype.size() as i64);
+    let Some(value) = old.value() else {
+        return Ok(Storage::new(old.device, nbytes, None));
+    };
+    let value = resolve(&value, Reason::Resize)?;
+    let dtype = if nbytes % value.ty.dtype.size() as i64 == 0 {
+        value.ty.dtype
+    } else {
+        DType::U8
+    };
+    let (have, want) = (
+        old.nbytes / dtype.size() as i64,
+        nbytes / dtype.size() as i64,
+    );
     let mut g = crate::ir::Graph::default();
     let p = g.param(value.ty.clone());
     let flat = crate::view::flat(&mut g, p, dtype);
@@ -487,7 +662,17 @@ pub fn resized(old: &Storage, nbytes: i64) -> Result<Arc<Storage>> {
     g.outputs = vec![g.pad(kept, zero, &[0], &[(want - have).max(0)], &[0])];
     let program = cache::compile(&g, "resize_")?;
     let rt = runtime::get()?;
-    let out = program.exe.execute(&[&value.buf], rt.device(old.device)?, &[])?.remove(0);
+    let out = program
+        .exe
+        .execute(&[&value.buf], rt.device(old.device)?, &[])?
+        .remove(0);
     bump(&METRICS.executions);
-    Ok(Storage::new(old.device, nbytes, Some(DeviceBuffer::new(out, Ty::new(dtype, &[want])))))
+    Ok(Storage::new(
+        old.device,
+        nbytes,
+        Some(Value::Ready(DeviceBuffer::new(
+            out,
+            Ty::new(dtype, &[want]),
+        ))),
+    ))
 }

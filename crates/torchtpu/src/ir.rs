@@ -15,7 +15,10 @@ pub struct Ty {
 
 impl Ty {
     pub fn new(dtype: DType, shape: &[i64]) -> Ty {
-        Ty { dtype, shape: shape.to_vec() }
+        Ty {
+            dtype,
+            shape: shape.to_vec(),
+        }
     }
     pub fn numel(&self) -> i64 {
         self.shape.iter().product()
@@ -53,19 +56,43 @@ pub enum Op {
     Reshape,
     Transpose(Vec<i64>),
     BroadcastInDim(Vec<i64>),
-    Slice { start: Vec<i64>, limit: Vec<i64>, stride: Vec<i64> },
+    Slice {
+        start: Vec<i64>,
+        limit: Vec<i64>,
+        stride: Vec<i64>,
+    },
     Concatenate(i64),
-    Pad { low: Vec<i64>, high: Vec<i64>, interior: Vec<i64> },
+    Pad {
+        low: Vec<i64>,
+        high: Vec<i64>,
+        interior: Vec<i64>,
+    },
     Reverse(Vec<i64>),
-    Reduce { kind: ReduceKind, dims: Vec<i64> },
+    Reduce {
+        kind: ReduceKind,
+        dims: Vec<i64>,
+    },
     /// Index of the max (or min) along `dim`, first occurrence, NaN wins.
-    ArgReduce { max: bool, dim: i64 },
-    DotGeneral { lhs_batch: Vec<i64>, rhs_batch: Vec<i64>, lhs_contract: Vec<i64>, rhs_contract: Vec<i64> },
+    ArgReduce {
+        max: bool,
+        dim: i64,
+    },
+    DotGeneral {
+        lhs_batch: Vec<i64>,
+        rhs_batch: Vec<i64>,
+        lhs_contract: Vec<i64>,
+        rhs_contract: Vec<i64>,
+    },
     /// operand[indices] along `axis`: gathers whole slices (index_select).
-    Take { axis: i64 },
+    Take {
+        axis: i64,
+    },
     /// Adds (or writes) `updates` into `operand` at `indices` along `axis`;
     /// indices has the updates' leading dimensions' shape.
-    Put { axis: i64, accumulate: bool },
+    Put {
+        axis: i64,
+        accumulate: bool,
+    },
     /// Random bits from a u64[2] key (the node's type is the bits' type).
     RngBits,
 }
@@ -82,6 +109,8 @@ pub struct Graph {
     pub nodes: Vec<Node>,
     pub params: Vec<Ty>,
     pub outputs: Vec<V>,
+    /// Per parameter (or none at all): the output its buffer is donated to.
+    pub donors: Vec<Option<usize>>,
 }
 
 /// The broadcast of several shapes, with PyTorch's error message on mismatch.
@@ -122,7 +151,11 @@ impl Graph {
 
     /// A constant of `dtype` splat to `shape`.
     pub fn full(&mut self, value: f64, dtype: DType, shape: &[i64]) -> V {
-        let bits = if dtype.is_float() { value.to_bits() as i64 } else { value as i64 };
+        let bits = if dtype.is_float() {
+            value.to_bits() as i64
+        } else {
+            value as i64
+        };
         self.push(Op::Const(bits), vec![], Ty::new(dtype, shape))
     }
 
@@ -183,7 +216,11 @@ impl Graph {
         let t = self.ty(a);
         let shape: Vec<i64> = perm.iter().map(|&p| t.shape[p as usize]).collect();
         let dtype = t.dtype;
-        self.push(Op::Transpose(perm.to_vec()), vec![a], Ty::new(dtype, &shape))
+        self.push(
+            Op::Transpose(perm.to_vec()),
+            vec![a],
+            Ty::new(dtype, &shape),
+        )
     }
 
     pub fn broadcast_in_dim(&mut self, a: V, shape: &[i64], dims: &[i64]) -> V {
@@ -191,7 +228,11 @@ impl Graph {
             return a;
         }
         let dtype = self.ty(a).dtype;
-        self.push(Op::BroadcastInDim(dims.to_vec()), vec![a], Ty::new(dtype, shape))
+        self.push(
+            Op::BroadcastInDim(dims.to_vec()),
+            vec![a],
+            Ty::new(dtype, shape),
+        )
     }
 
     /// NumPy-style broadcast (align trailing dimensions).
@@ -203,13 +244,21 @@ impl Graph {
 
     pub fn slice(&mut self, a: V, start: &[i64], limit: &[i64], stride: &[i64]) -> V {
         let t = self.ty(a);
-        if start.iter().all(|&s| s == 0) && limit == t.shape.as_slice() && stride.iter().all(|&s| s == 1) {
+        if start.iter().all(|&s| s == 0)
+            && limit == t.shape.as_slice()
+            && stride.iter().all(|&s| s == 1)
+        {
             return a;
         }
-        let shape: Vec<i64> =
-            (0..start.len()).map(|i| ((limit[i] - start[i]).max(0) + stride[i] - 1) / stride[i]).collect();
+        let shape: Vec<i64> = (0..start.len())
+            .map(|i| ((limit[i] - start[i]).max(0) + stride[i] - 1) / stride[i])
+            .collect();
         let dtype = t.dtype;
-        let op = Op::Slice { start: start.to_vec(), limit: limit.to_vec(), stride: stride.to_vec() };
+        let op = Op::Slice {
+            start: start.to_vec(),
+            limit: limit.to_vec(),
+            stride: stride.to_vec(),
+        };
         self.push(op, vec![a], Ty::new(dtype, &shape))
     }
 
@@ -232,7 +281,11 @@ impl Graph {
         let mut shape = self.ty(parts[0]).shape.clone();
         shape[dim] = parts.iter().map(|&p| self.ty(p).shape[dim]).sum();
         let dtype = self.ty(parts[0]).dtype;
-        self.push(Op::Concatenate(dim as i64), parts.to_vec(), Ty::new(dtype, &shape))
+        self.push(
+            Op::Concatenate(dim as i64),
+            parts.to_vec(),
+            Ty::new(dtype, &shape),
+        )
     }
 
     pub fn pad(&mut self, a: V, value: V, low: &[i64], high: &[i64], interior: &[i64]) -> V {
@@ -241,7 +294,11 @@ impl Graph {
             .map(|i| low[i] + high[i] + t.shape[i] + (t.shape[i] - 1).max(0) * interior[i])
             .collect();
         let dtype = t.dtype;
-        let op = Op::Pad { low: low.to_vec(), high: high.to_vec(), interior: interior.to_vec() };
+        let op = Op::Pad {
+            low: low.to_vec(),
+            high: high.to_vec(),
+            interior: interior.to_vec(),
+        };
         self.push(op, vec![a, value], Ty::new(dtype, &shape))
     }
 
@@ -256,8 +313,13 @@ impl Graph {
             return a;
         }
         let t = self.ty(a);
-        let shape: Vec<i64> =
-            t.shape.iter().enumerate().filter(|(i, _)| !dims.contains(i)).map(|(_, &s)| s).collect();
+        let shape: Vec<i64> = t
+            .shape
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| !dims.contains(i))
+            .map(|(_, &s)| s)
+            .collect();
         let dtype = t.dtype;
         let dims = dims.iter().map(|&d| d as i64).collect();
         self.push(Op::Reduce { kind, dims }, vec![a], Ty::new(dtype, &shape))
@@ -267,7 +329,14 @@ impl Graph {
     pub fn arg_reduce(&mut self, a: V, dim: usize, max: bool) -> V {
         let mut shape = self.ty(a).shape.clone();
         shape.remove(dim);
-        self.push(Op::ArgReduce { max, dim: dim as i64 }, vec![a], Ty::new(DType::I64, &shape))
+        self.push(
+            Op::ArgReduce {
+                max,
+                dim: dim as i64,
+            },
+            vec![a],
+            Ty::new(DType::I64, &shape),
+        )
     }
 
     /// Batched matmul: lhs [b.., m, k] · rhs [b.., k, n] -> [b.., m, n].
@@ -295,14 +364,25 @@ impl Graph {
         shape.extend(&self.ty(indices).shape);
         shape.extend(&t.shape[axis + 1..]);
         let dtype = t.dtype;
-        self.push(Op::Take { axis: axis as i64 }, vec![a, indices], Ty::new(dtype, &shape))
+        self.push(
+            Op::Take { axis: axis as i64 },
+            vec![a, indices],
+            Ty::new(dtype, &shape),
+        )
     }
 
     /// The inverse of `take`: scatters `updates` (shape as `take` would
     /// produce) into `a` at `indices` along `axis`, adding or overwriting.
     pub fn put(&mut self, a: V, indices: V, updates: V, axis: usize, accumulate: bool) -> V {
         let ty = self.ty(a).clone();
-        self.push(Op::Put { axis: axis as i64, accumulate }, vec![a, indices, updates], ty)
+        self.push(
+            Op::Put {
+                axis: axis as i64,
+                accumulate,
+            },
+            vec![a, indices, updates],
+            ty,
+        )
     }
 
     /// Uniformly random bits of `dtype` (u32 or u64 shaped) from a u64[2] key.

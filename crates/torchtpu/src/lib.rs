@@ -17,4 +17,5 @@ pub mod metrics;
 mod python;
 pub mod runtime;
 pub mod storage;
+pub mod trace;
 pub mod view;

@@ -13,10 +13,20 @@ pub struct Metrics {
     pub plan_hits: AtomicU64,
     pub plan_misses: AtomicU64,
     pub program_hits: AtomicU64,
+    pub program_misses: AtomicU64,
+    pub disk_hits: AtomicU64,
+    pub disk_misses: AtomicU64,
+    pub disk_corrupt: AtomicU64,
+    pub fused_hits: AtomicU64,
+    pub fused_misses: AtomicU64,
     pub transfers_to_device: AtomicU64,
     pub transfers_to_host: AtomicU64,
     pub largest_graph: AtomicU64,
     pub fallbacks: Mutex<BTreeMap<String, u64>>,
+    /// Fused-mode flushes by reason.
+    pub flushes: Mutex<BTreeMap<&'static str, u64>>,
+    /// Why recent fused programs missed the cache (the latest last).
+    pub recompile_reasons: Mutex<Vec<String>>,
 }
 
 pub static METRICS: std::sync::LazyLock<Metrics> = std::sync::LazyLock::new(Metrics::default);
@@ -50,6 +60,12 @@ impl Metrics {
             ("plan_cache_hits", get(&self.plan_hits)),
             ("plan_cache_misses", get(&self.plan_misses)),
             ("program_cache_hits", get(&self.program_hits)),
+            ("program_cache_misses", get(&self.program_misses)),
+            ("disk_cache_hits", get(&self.disk_hits)),
+            ("disk_cache_misses", get(&self.disk_misses)),
+            ("disk_cache_corrupt", get(&self.disk_corrupt)),
+            ("fused_cache_hits", get(&self.fused_hits)),
+            ("fused_cache_misses", get(&self.fused_misses)),
             ("transfers_to_device", get(&self.transfers_to_device)),
             ("transfers_to_host", get(&self.transfers_to_host)),
             ("largest_graph", get(&self.largest_graph)),
@@ -66,6 +82,12 @@ impl Metrics {
             &self.plan_hits,
             &self.plan_misses,
             &self.program_hits,
+            &self.program_misses,
+            &self.disk_hits,
+            &self.disk_misses,
+            &self.disk_corrupt,
+            &self.fused_hits,
+            &self.fused_misses,
             &self.transfers_to_device,
             &self.transfers_to_host,
             &self.largest_graph,
@@ -73,5 +95,7 @@ impl Metrics {
             c.store(0, Ordering::Relaxed);
         }
         self.fallbacks.lock().unwrap().clear();
+        self.flushes.lock().unwrap().clear();
+        self.recompile_reasons.lock().unwrap().clear();
     }
 }

@@ -1,16 +1,20 @@
 //! The `torchtpu._C` Python module: configuration, modes and diagnostics.
 //! Per-op work never passes through here (it goes adapter -> `ffi`).
-use pyo3::exceptions::{PyNotImplementedError, PyRuntimeError, PyValueError};
+use pyo3::exceptions::{
+    PyIndexError, PyNotImplementedError, PyRuntimeError, PyTypeError, PyValueError,
+};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
 use crate::error::{Error, Kind};
 use crate::metrics::METRICS;
-use crate::{exec, runtime, storage};
+use crate::{exec, runtime, storage, trace};
 
 fn py_err(e: Error) -> PyErr {
     match e.kind {
         Kind::Value => PyValueError::new_err(e.message),
+        Kind::Index => PyIndexError::new_err(e.message),
+        Kind::Type => PyTypeError::new_err(e.message),
         Kind::NotImplemented => PyNotImplementedError::new_err(e.message),
         _ => PyRuntimeError::new_err(e.message),
     }
@@ -32,12 +36,23 @@ fn device_count() -> usize {
 #[pyfunction]
 fn init() -> PyResult<String> {
     let rt = runtime::get().map_err(py_err)?;
-    Ok(format!("{} ({})", rt.client.platform_name(), rt.plugin.display()))
+    Ok(format!(
+        "{} ({})",
+        rt.client.platform_name(),
+        rt.plugin.display()
+    ))
 }
 
 #[pyfunction]
 fn synchronize() -> PyResult<()> {
     exec::synchronize().map_err(py_err)
+}
+
+/// Runs what fused mode has recorded (without waiting for it); `reason` is
+/// counted under the metrics' "flushes".
+#[pyfunction]
+fn flush(reason: &str) -> PyResult<()> {
+    trace::flush(trace::Reason::parse(reason).map_err(py_err)?).map_err(py_err)
 }
 
 #[pyfunction]
@@ -66,6 +81,15 @@ fn metrics(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     d.set_item("live_storages", storages)?;
     d.set_item("live_buffers", buffers)?;
     d.set_item("cached_scalars", exec::cached_scalars())?;
+    d.set_item(
+        "flushes",
+        METRICS.flushes.lock().unwrap().clone().into_pyobject(py)?,
+    )?;
+    d.set_item(
+        "recompile_reasons",
+        METRICS.recompile_reasons.lock().unwrap().clone(),
+    )?;
+    d.set_item("ops_pending", trace::recorded())?;
     Ok(d)
 }
 
@@ -81,6 +105,7 @@ fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(device_count, m)?)?;
     m.add_function(wrap_pyfunction!(init, m)?)?;
     m.add_function(wrap_pyfunction!(synchronize, m)?)?;
+    m.add_function(wrap_pyfunction!(flush, m)?)?;
     m.add_function(wrap_pyfunction!(set_mode, m)?)?;
     m.add_function(wrap_pyfunction!(get_mode, m)?)?;
     m.add_function(wrap_pyfunction!(metrics, m)?)?;

@@ -1,13 +1,15 @@
 //! Storages: the current value of a tensor storage's bytes (DESIGN §3).
 //!
 //! A storage is one flat array. Its value is an immutable PJRT buffer (of any
-//! shape whose bytes are the storage's bytes) or nothing yet; writing a storage
-//! replaces its value. Addresses handed to PyTorch are unique, never
-//! dereferenced, and the ranges of live storages never overlap.
+//! shape whose bytes are the storage's bytes), a pending value that fused mode
+//! has recorded but not yet run, or nothing yet; writing a storage replaces its
+//! value. Addresses handed to PyTorch are unique, never dereferenced, and the
+//! ranges of live storages never overlap.
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
-use crate::ir::Ty;
+use crate::error::{Error, Result};
+use crate::ir::{Ty, V};
 
 static LIVE_STORAGES: AtomicI64 = AtomicI64::new(0);
 static LIVE_BUFFERS: AtomicI64 = AtomicI64::new(0);
@@ -32,26 +34,76 @@ impl Drop for DeviceBuffer {
     }
 }
 
+/// A value recorded in fused mode's trace: node `node` of trace `epoch`.
+/// Whoever holds it keeps it alive, which is what makes the flushed program
+/// output it; the flush then fills `result`.
+pub struct Pending {
+    pub epoch: u64,
+    pub node: V,
+    pub ty: Ty,
+    pub result: OnceLock<std::result::Result<Arc<DeviceBuffer>, String>>,
+}
+
+#[derive(Clone)]
+pub enum Value {
+    Ready(Arc<DeviceBuffer>),
+    Pending(Arc<Pending>),
+}
+
+impl Value {
+    pub fn ty(&self) -> &Ty {
+        match self {
+            Value::Ready(b) => &b.ty,
+            Value::Pending(p) => &p.ty,
+        }
+    }
+
+    /// The buffer, if it has been computed (or the error that lost it).
+    pub fn buffer(&self) -> Option<Result<Arc<DeviceBuffer>>> {
+        match self {
+            Value::Ready(b) => Some(Ok(b.clone())),
+            Value::Pending(p) => p.result.get().map(|r| {
+                r.clone().map_err(|e| {
+                    Error::runtime(format!("torchtpu: this tensor's value was lost: {e}"))
+                })
+            }),
+        }
+    }
+}
+
 pub struct Storage {
     pub device: usize,
     pub nbytes: i64,
     pub addr: u64,
-    value: Mutex<Option<Arc<DeviceBuffer>>>,
+    value: Mutex<Option<Value>>,
 }
 
 impl Storage {
-    pub fn new(device: usize, nbytes: i64, value: Option<Arc<DeviceBuffer>>) -> Arc<Storage> {
+    pub fn new(device: usize, nbytes: i64, value: Option<Value>) -> Arc<Storage> {
         LIVE_STORAGES.fetch_add(1, Ordering::Relaxed);
         let span = (nbytes.max(1) as u64).div_ceil(64) * 64;
         let addr = NEXT_ADDR.fetch_add(span, Ordering::Relaxed);
-        Arc::new(Storage { device, nbytes, addr, value: Mutex::new(value) })
+        Arc::new(Storage {
+            device,
+            nbytes,
+            addr,
+            value: Mutex::new(value),
+        })
     }
 
-    pub fn value(&self) -> Option<Arc<DeviceBuffer>> {
-        self.value.lock().unwrap().clone()
+    pub fn value(&self) -> Option<Value> {
+        let mut slot = self.value.lock().unwrap();
+        // A computed pending value becomes a plain buffer, so that the
+        // storage alone holds it (and a later program may donate it).
+        if let Some(Value::Pending(p)) = &*slot {
+            if let Some(Ok(b)) = p.result.get() {
+                *slot = Some(Value::Ready(b.clone()));
+            }
+        }
+        slot.clone()
     }
 
-    pub fn set(&self, value: Arc<DeviceBuffer>) {
+    pub fn set(&self, value: Value) {
         *self.value.lock().unwrap() = Some(value);
     }
 
@@ -83,5 +135,8 @@ impl Drop for Storage {
 
 /// (live storages, live device buffers): what leak tests watch.
 pub fn live_counts() -> (i64, i64) {
-    (LIVE_STORAGES.load(Ordering::Relaxed), LIVE_BUFFERS.load(Ordering::Relaxed))
+    (
+        LIVE_STORAGES.load(Ordering::Relaxed),
+        LIVE_BUFFERS.load(Ordering::Relaxed),
+    )
 }

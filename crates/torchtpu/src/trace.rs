@@ -1,0 +1,584 @@
+//! Fused mode (DESIGN §5): operators are recorded into one trace and flushed
+//! as one program.
+//!
+//! Recording splices an op's cached plan graph into the trace graph: its
+//! storage inputs become either the trace nodes that computed them (values
+//! still pending) or trace parameters (computed buffers); its numbers and
+//! random keys become parameters too, so their values never reach the
+//! program's text. Its results are [`Pending`] values.
+//!
+//! A flush turns the trace into a program whose outputs are the pending
+//! values somebody still holds (dead intermediates are never materialized)
+//! and whose parameters are the buffers it reads. A parameter buffer that
+//! nothing else holds any more (a storage overwritten by the trace, such as a
+//! weight updated by the optimizer) is donated to an output of its type, so
+//! XLA updates it in place. The program is looked up by the trace's structure
+//! and launched without waiting: Python records the next step meanwhile.
+use std::hash::{Hash, Hasher};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::time::Instant;
+
+use crate::args::Arg;
+use crate::cache::{self, Program};
+use crate::error::{Error, Kind, Result};
+use crate::exec::{self, FxHasher, FxMap, Plan};
+use crate::ir::{Graph, Op, V};
+use crate::lower::Input;
+use crate::metrics::{add, bump, METRICS};
+use crate::runtime;
+use crate::storage::{DeviceBuffer, Pending, Value};
+
+/// Why a trace was flushed (counted per kind in the metrics).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Reason {
+    /// The host reads a value (`item`, `.cpu()`, printing).
+    HostRead,
+    Synchronize,
+    /// After `optimizer.step()`.
+    Step,
+    /// The trace reached its size bound.
+    Size,
+    /// An operator without a lowering runs on the CPU.
+    Fallback,
+    /// An op on another device than the trace's.
+    Device,
+    /// The mode changes, or a strict/debug op needs a pending value.
+    Mode,
+    Resize,
+}
+
+impl Reason {
+    pub fn name(self) -> &'static str {
+        match self {
+            Reason::HostRead => "host_read",
+            Reason::Synchronize => "synchronize",
+            Reason::Step => "optimizer_step",
+            Reason::Size => "size_limit",
+            Reason::Fallback => "cpu_fallback",
+            Reason::Device => "device_change",
+            Reason::Mode => "mode_change",
+            Reason::Resize => "resize",
+        }
+    }
+
+    pub fn parse(name: &str) -> Result<Reason> {
+        [
+            Reason::HostRead,
+            Reason::Synchronize,
+            Reason::Step,
+            Reason::Size,
+            Reason::Fallback,
+            Reason::Device,
+            Reason::Mode,
+            Reason::Resize,
+        ]
+        .into_iter()
+        .find(|r| r.name() == name)
+        .ok_or_else(|| Error::value(format!("torchtpu: unknown flush reason '{name}'")))
+    }
+}
+
+/// A data-dependent error of a recorded op: trace nodes of its flag and value.
+struct Check {
+    flag: V,
+    value: Option<V>,
+    kind: Kind,
+    message: String,
+}
+
+/// One recorded op, for explaining recompilations.
+struct Record {
+    plan: Arc<Plan>,
+    /// The user's source line, captured when `TORCHTPU_LOG` is set.
+    source: Option<String>,
+}
+
+#[derive(Default)]
+struct Trace {
+    epoch: u64,
+    device: usize,
+    graph: Graph,
+    /// The buffers behind the graph's parameters, in order.
+    params: Vec<Arc<DeviceBuffer>>,
+    /// Storage buffers already made parameters (one parameter per buffer:
+    /// sharing is part of the program's structure).
+    param_of: FxMap<usize, V>,
+    pending: Vec<Weak<Pending>>,
+    checks: Vec<Check>,
+    records: Vec<Record>,
+}
+
+static TRACE: Mutex<Option<Trace>> = Mutex::new(None);
+
+/// Checks of programs already launched, verified where the host waits anyway.
+static LAUNCHED_CHECKS: Mutex<Vec<(Arc<DeviceBuffer>, Option<Arc<DeviceBuffer>>, Kind, String)>> =
+    Mutex::new(Vec::new());
+
+/// Nodes after which a trace is flushed, bounding compile time and memory.
+fn size_limit() -> usize {
+    static LIMIT: OnceLock<usize> = OnceLock::new();
+    *LIMIT.get_or_init(|| {
+        std::env::var("TORCHTPU_FUSE_LIMIT")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(40_000)
+    })
+}
+
+fn logging() -> bool {
+    static LOG: OnceLock<bool> = OnceLock::new();
+    *LOG.get_or_init(|| std::env::var("TORCHTPU_LOG").is_ok_and(|v| !v.is_empty() && v != "0"))
+}
+
+impl Trace {
+    fn param(&mut self, buf: Arc<DeviceBuffer>) -> V {
+        let v = self.graph.param(buf.ty.clone());
+        self.params.push(buf);
+        v
+    }
+
+    /// The trace node of a plan input.
+    fn operand(&mut self, input: &Input, args: &[Arg], device: usize) -> Result<V> {
+        let Input::Storage { arg, item } = *input else {
+            // Numbers, host scalars and random keys: always a parameter of
+            // their own, so that equal values never change the structure.
+            return Ok(self.param(exec::input(input, args, device)?));
+        };
+        let storage = exec::tensor_at(args, arg, item)?.storage;
+        let value = storage
+            .and_then(|s| s.value())
+            .ok_or_else(|| Error::runtime("torchtpu: a storage lost its value"))?;
+        match value {
+            Value::Pending(p) if p.epoch == self.epoch && p.result.get().is_none() => Ok(p.node),
+            value => {
+                let buf = value.buffer().unwrap_or_else(|| {
+                    Err(Error::runtime(
+                        "torchtpu: a value of an earlier trace was lost",
+                    ))
+                })?;
+                let key = Arc::as_ptr(&buf) as usize;
+                if let Some(&v) = self.param_of.get(&key) {
+                    return Ok(v);
+                }
+                let v = self.param(buf);
+                self.param_of.insert(key, v);
+                Ok(v)
+            }
+        }
+    }
+}
+
+/// Records `plan` applied to `args`; returns its results, pending.
+pub fn record(plan: &Arc<Plan>, args: &[Arg], device: usize) -> Result<Vec<Value>> {
+    // Before locking: this takes the GIL, which an op's caller may hold.
+    let source = if logging() { source_line() } else { None };
+    let mut guard = TRACE.lock().unwrap();
+    if guard
+        .as_ref()
+        .is_some_and(|t| t.device != device && !t.records.is_empty())
+    {
+        flush_locked(&mut guard, Reason::Device)?;
+    }
+    let t = guard.get_or_insert_with(Trace::default);
+    t.device = device;
+    let g = &plan.graph;
+    let mut map: Vec<V> = Vec::with_capacity(g.nodes.len());
+    for node in &g.nodes {
+        let v = match node.op {
+            Op::Param(n) => t.operand(&plan.inputs[n], args, device)?,
+            _ => {
+                let node_args = node.args.iter().map(|&a| map[a]).collect();
+                t.graph.push(node.op.clone(), node_args, node.ty.clone())
+            }
+        };
+        map.push(v);
+    }
+    let epoch = t.epoch;
+    let results = plan
+        .outputs
+        .iter()
+        .zip(&g.outputs)
+        .map(|(ty, &out)| {
+            let p = Arc::new(Pending {
+                epoch,
+                node: map[out],
+                ty: ty.clone(),
+                result: OnceLock::new(),
+            });
+            t.pending.push(Arc::downgrade(&p));
+            Value::Pending(p)
+        })
+        .collect();
+    for c in &plan.checks {
+        let flag = map[g.outputs[c.flag]];
+        let value = c.value.map(|v| map[g.outputs[v]]);
+        t.checks.push(Check {
+            flag,
+            value,
+            kind: c.kind,
+            message: c.message.clone(),
+        });
+    }
+    t.records.push(Record {
+        plan: plan.clone(),
+        source,
+    });
+    if t.graph.nodes.len() > size_limit() {
+        flush_locked(&mut guard, Reason::Size)?;
+    }
+    Ok(results)
+}
+
+/// Runs everything recorded so far (without waiting for it).
+pub fn flush(reason: Reason) -> Result<()> {
+    flush_locked(&mut TRACE.lock().unwrap(), reason)
+}
+
+fn flush_locked(slot: &mut Option<Trace>, reason: Reason) -> Result<()> {
+    let Some(t) = slot.as_mut() else {
+        return Ok(());
+    };
+    if t.records.is_empty() {
+        return Ok(());
+    }
+    let next = Trace {
+        epoch: t.epoch + 1,
+        ..Trace::default()
+    };
+    let trace = std::mem::replace(t, next);
+    *METRICS
+        .flushes
+        .lock()
+        .unwrap()
+        .entry(reason.name())
+        .or_insert(0) += 1;
+    let live: Vec<Arc<Pending>> = trace.pending.iter().filter_map(Weak::upgrade).collect();
+    let result = run(trace, &live);
+    if let Err(e) = &result {
+        // The values are lost, not wrong: reading one raises this error.
+        for p in &live {
+            let _ = p.result.set(Err(e.message.clone()));
+        }
+    }
+    result
+}
+
+/// The program of a trace: what it computes for `live`, with donations.
+struct Lowered {
+    graph: Graph,
+    /// Trace parameter index of each program parameter.
+    params: Vec<usize>,
+    /// For each live value: a program output, or a parameter passed through.
+    sources: Vec<Source>,
+    checks: Vec<(usize, Option<usize>, Kind, String)>,
+}
+
+enum Source {
+    Output(usize),
+    Param(usize),
+}
+
+fn lower_trace(trace: &Trace, live: &[Arc<Pending>]) -> Lowered {
+    let nodes = &trace.graph.nodes;
+    let mut used = vec![false; nodes.len()];
+    let roots = live.iter().map(|p| p.node).chain(
+        trace
+            .checks
+            .iter()
+            .flat_map(|c| std::iter::once(c.flag).chain(c.value)),
+    );
+    for v in roots {
+        used[v] = true;
+    }
+    for v in (0..nodes.len()).rev() {
+        if used[v] {
+            for &a in &nodes[v].args {
+                used[a] = true;
+            }
+        }
+    }
+    let mut g = Graph::default();
+    let mut params = Vec::new();
+    let mut map = vec![usize::MAX; nodes.len()];
+    for (v, node) in nodes.iter().enumerate().filter(|(v, _)| used[*v]) {
+        map[v] = match node.op {
+            Op::Param(n) => {
+                params.push(n);
+                g.param(node.ty.clone())
+            }
+            _ => g.push(
+                node.op.clone(),
+                node.args.iter().map(|&a| map[a]).collect(),
+                node.ty.clone(),
+            ),
+        };
+    }
+    let output = |g: &mut Graph, v: V| {
+        g.outputs.push(map[v]);
+        g.outputs.len() - 1
+    };
+    let sources: Vec<Source> = live
+        .iter()
+        .map(|p| match nodes[p.node].op {
+            Op::Param(n) => Source::Param(n),
+            _ => Source::Output(output(&mut g, p.node)),
+        })
+        .collect();
+    let checks = trace
+        .checks
+        .iter()
+        .map(|c| {
+            (
+                output(&mut g, c.flag),
+                c.value.map(|v| output(&mut g, v)),
+                c.kind,
+                c.message.clone(),
+            )
+        })
+        .collect();
+    // Donate parameters nobody else holds (nor will: passed through) to an
+    // output of the same type.
+    g.donors = vec![None; params.len()];
+    let mut taken = vec![false; g.outputs.len()];
+    for (k, &n) in params.iter().enumerate() {
+        let passed = sources
+            .iter()
+            .any(|s| matches!(s, Source::Param(m) if *m == n));
+        if passed || Arc::strong_count(&trace.params[n]) != 1 {
+            continue;
+        }
+        let ty = &g.params[k];
+        if let Some(o) =
+            (0..g.outputs.len()).find(|&o| !taken[o] && g.nodes[g.outputs[o]].ty == *ty)
+        {
+            taken[o] = true;
+            g.donors[k] = Some(o);
+        }
+    }
+    Lowered {
+        graph: g,
+        params,
+        sources,
+        checks,
+    }
+}
+
+/// Compiled fused programs by the structure of their graph, and what each
+/// was recorded from (for explaining the next miss).
+#[derive(Default)]
+struct Programs {
+    by_key: FxMap<(u64, u64), Arc<Program>>,
+    history: Vec<Vec<(Arc<Plan>, Option<String>)>>,
+}
+
+static PROGRAMS: Mutex<Option<Programs>> = Mutex::new(None);
+
+fn structure_key(g: &Graph) -> (u64, u64) {
+    let mut a = FxHasher::default();
+    g.hash(&mut a);
+    let mut b = std::collections::hash_map::DefaultHasher::new();
+    g.hash(&mut b);
+    (a.finish(), b.finish())
+}
+
+fn program(trace: &Trace, g: &Graph) -> Result<Arc<Program>> {
+    let key = structure_key(g);
+    let mut guard = PROGRAMS.lock().unwrap();
+    let programs = guard.get_or_insert_with(Programs::default);
+    if let Some(p) = programs.by_key.get(&key) {
+        bump(&METRICS.fused_hits);
+        return Ok(p.clone());
+    }
+    bump(&METRICS.fused_misses);
+    let ops: Vec<(Arc<Plan>, Option<String>)> = trace
+        .records
+        .iter()
+        .map(|r| (r.plan.clone(), r.source.clone()))
+        .collect();
+    if !programs.history.is_empty() {
+        let why = explain(&ops, &programs.history);
+        let mut reasons = METRICS.recompile_reasons.lock().unwrap();
+        if reasons.len() >= 16 {
+            reasons.remove(0);
+        }
+        reasons.push(why.clone());
+        if logging() {
+            eprintln!(
+                "torchtpu: new fused program ({} ops, {} nodes): {why}",
+                ops.len(),
+                g.nodes.len()
+            );
+        }
+    }
+    let p = cache::compile(g, "fused program")?;
+    programs.by_key.insert(key, p.clone());
+    if programs.history.len() >= 32 {
+        programs.history.remove(0);
+    }
+    programs.history.push(ops);
+    Ok(p)
+}
+
+/// Why `ops` missed the cache: its first difference from the nearest
+/// program compiled before (the one sharing the longest prefix of ops).
+fn explain(
+    ops: &[(Arc<Plan>, Option<String>)],
+    history: &[Vec<(Arc<Plan>, Option<String>)>],
+) -> String {
+    let prefix = |h: &[(Arc<Plan>, Option<String>)]| {
+        ops.iter()
+            .zip(h)
+            .take_while(|(a, b)| Arc::ptr_eq(&a.0, &b.0))
+            .count()
+    };
+    let nearest = history
+        .iter()
+        .max_by_key(|h| prefix(h))
+        .expect("a compiled program");
+    let i = prefix(nearest);
+    let at = |src: &Option<String>| {
+        src.as_ref().map_or(
+            String::from(" (set TORCHTPU_LOG=1 for source lines)"),
+            |s| format!(" at {s}"),
+        )
+    };
+    match (ops.get(i), nearest.get(i)) {
+        (Some((mine, src)), Some((theirs, _))) => format!(
+            "op {i} differs from the nearest cached program: {} here, {} there; recorded{}",
+            mine.describe(),
+            theirs.describe(),
+            at(src)
+        ),
+        (Some((mine, src)), None) => format!(
+            "the nearest cached program ends after {i} ops; this one goes on with {}{}",
+            mine.describe(),
+            at(src)
+        ),
+        (None, Some((theirs, _))) => {
+            format!("this trace ends after {i} ops; the nearest cached program goes on with {}", theirs.describe())
+        }
+        (None, None) => format!(
+            "same {i} ops as a cached program, but other values are still alive, aliased or donated \
+             (a tensor kept or dropped between steps)"
+        ),
+    }
+}
+
+fn run(trace: Trace, live: &[Arc<Pending>]) -> Result<()> {
+    let lowered = lower_trace(&trace, live);
+    for (p, s) in live.iter().zip(&lowered.sources) {
+        if let Source::Param(n) = s {
+            let _ = p.result.set(Ok(trace.params[*n].clone()));
+        }
+    }
+    if lowered.graph.outputs.is_empty() {
+        return Ok(());
+    }
+    let program = program(&trace, &lowered.graph)?;
+    let rt = runtime::get()?;
+    let args: Vec<&pjrt::Buffer> = lowered
+        .params
+        .iter()
+        .map(|&n| &trace.params[n].buf)
+        .collect();
+    let kept: Vec<i64> = (0..args.len())
+        .filter(|&k| lowered.graph.donors[k].is_none())
+        .map(|k| k as i64)
+        .collect();
+    let start = Instant::now();
+    let raw = program
+        .exe
+        .execute(&args, rt.device(trace.device)?, &kept)
+        .map_err(|e| exec::launch_error(e, "a fused program", trace.device))?;
+    add(&METRICS.execute_ns, start.elapsed().as_nanos() as u64);
+    bump(&METRICS.executions);
+    let outs: Vec<Arc<DeviceBuffer>> = raw
+        .into_iter()
+        .zip(&lowered.graph.outputs)
+        .map(|(b, &v)| DeviceBuffer::new(b, lowered.graph.ty(v).clone()))
+        .collect();
+    exec::track(&outs);
+    for (p, s) in live.iter().zip(&lowered.sources) {
+        if let Source::Output(o) = s {
+            let _ = p.result.set(Ok(outs[*o].clone()));
+        }
+    }
+    let mut checks = LAUNCHED_CHECKS.lock().unwrap();
+    for (flag, value, kind, message) in lowered.checks {
+        checks.push((
+            outs[flag].clone(),
+            value.map(|v| outs[v].clone()),
+            kind,
+            message,
+        ));
+    }
+    // A loop that never reads a value still learns of a failed check, and
+    // the list stays short.
+    let many = checks.len() > 256;
+    drop(checks);
+    verify(many)
+}
+
+/// Raises the first failed data-dependent check of launched programs,
+/// waiting for them.
+pub fn verify_checks() -> Result<()> {
+    verify(true)
+}
+
+/// Verifies the checks whose programs have finished (all of them if `wait`).
+fn verify(wait: bool) -> Result<()> {
+    let mut launched = LAUNCHED_CHECKS.lock().unwrap();
+    let (checks, later): (Vec<_>, Vec<_>) =
+        std::mem::take(&mut *launched).into_iter().partition(|c| {
+            wait || c
+                .0
+                .buf
+                .ready_event()
+                .and_then(|e| e.is_ready())
+                .unwrap_or(true)
+        });
+    *launched = later;
+    drop(launched);
+    for (flag, value, kind, message) in checks {
+        if exec::read_bool(&flag)? {
+            let mut message = message;
+            if let Some(v) = value {
+                let mut word = [0u8; 8];
+                v.buf.to_host(&mut word)?;
+                message = message.replace("{}", &i64::from_le_bytes(word).to_string());
+            }
+            return Err(Error { kind, message });
+        }
+    }
+    Ok(())
+}
+
+/// Ops recorded and not yet flushed.
+pub fn recorded() -> usize {
+    TRACE
+        .lock()
+        .unwrap()
+        .as_ref()
+        .map_or(0, |t| t.records.len())
+}
+
+/// `file.py:42` of the innermost Python frame outside torch and torchtpu.
+fn source_line() -> Option<String> {
+    use pyo3::prelude::*;
+    Python::attach(|py| {
+        let mut frame = py
+            .import("sys")
+            .ok()?
+            .call_method1("_getframe", (0,))
+            .ok()?;
+        loop {
+            let code = frame.getattr("f_code").ok()?;
+            let file: String = code.getattr("co_filename").ok()?.extract().ok()?;
+            if !file.contains("/torch/") && !file.contains("/torchtpu/") && !file.starts_with('<') {
+                let line: i64 = frame.getattr("f_lineno").ok()?.extract().ok()?;
+                return Some(format!("{file}:{line}"));
+            }
+            frame = frame.getattr("f_back").ok().filter(|f| !f.is_none())?;
+        }
+    })
+}
