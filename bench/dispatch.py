@@ -12,7 +12,7 @@ import torch
 import torchtpu
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
-from mlp import batches, model  # noqa: E402
+from workloads import mlp_batches, mlp_model  # noqa: E402
 
 
 def per_op_us(fn, device, iters):
@@ -47,9 +47,9 @@ def tiny_ops():
 
 def mlp_step_ms(device, steps=30):
     torch.manual_seed(0)
-    net = model().to(device)
+    net = mlp_model().to(device)
     opt = torch.optim.AdamW(net.parameters(), lr=1e-4)
-    xs, ys = batches(4)
+    xs, ys = mlp_batches(4)
     x, y = xs[0].to(device), ys[0].to(device)
 
     def step():

@@ -1,9 +1,9 @@
-"""Trains the MLP of examples/mlp.py on "tpu" in each eager mode, next to
+"""Trains the MLP of examples/workloads.py on "tpu" in each eager mode, next to
 PyTorch on CPU, and prints losses and steps/s."""
 import time
 
 import torchtpu
-from mlp import train
+from workloads import train
 
 STEPS = 20
 LR = 1e-3
@@ -11,14 +11,14 @@ LR = 1e-3
 
 def timed(device):
     marks = []
-    losses = train(device, STEPS, LR, on_step=lambda *_: marks.append(time.perf_counter()))
+    losses = train("mlp", device, STEPS, LR, on_step=lambda *_: marks.append(time.perf_counter()))
     # The first steps compile; the rate is over the rest.
     return losses, (len(marks) - 3) / (marks[-1] - marks[2])
 
 
 def main():
     results = {"cpu": timed("cpu")}
-    for mode in ("debug", "strict"):
+    for mode in ("debug", "strict", "fused"):
         with torchtpu.mode(mode):
             torchtpu.reset_metrics()
             results[f"tpu/{mode}"] = timed("tpu")

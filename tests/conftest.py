@@ -1,6 +1,10 @@
 import os
 import subprocess
 import sys
+import tempfile
+
+# Compiled programs persist in a directory of the test session's own.
+os.environ.setdefault("TORCHTPU_CACHE_DIR", tempfile.mkdtemp(prefix="torchtpu-cache-"))
 
 import pytest
 import torch

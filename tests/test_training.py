@@ -10,7 +10,7 @@ import torch
 import torchtpu
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
-from mlp import train  # noqa: E402
+from workloads import WORKLOADS, train  # noqa: E402
 
 STEPS = 20
 # Rounding differences of the two matmul libraries (~1e-7 at step 1) are
@@ -19,16 +19,23 @@ STEPS = 20
 LR = 1e-4
 
 
-@pytest.fixture(scope="module")
-def cpu_losses():
-    return train("cpu", STEPS, LR)
+# Adam's at LR (above); SGD with momentum does not amplify rounding.
+LEARNING_RATES = {"mlp": LR, "transformer": LR, "cnn": 0.05}
+CPU_LOSSES = {}
 
 
-def test_mlp_matches_cpu(mode, cpu_losses):
+@pytest.mark.parametrize("workload", list(WORKLOADS))
+def test_training_matches_cpu(workload, mode):
+    """20 unmodified steps (dropout off, so both devices compute the same
+    function) give CPU's losses, with nothing run on the CPU."""
+    lr = LEARNING_RATES[workload]
+    options = dict(dropout=0.0) if workload == "transformer" else {}
+    if workload not in CPU_LOSSES:
+        CPU_LOSSES[workload] = train(workload, "cpu", STEPS, lr, **options)
     torchtpu.reset_metrics()
-    losses = train("tpu", STEPS, LR)
+    losses = train(workload, "tpu", STEPS, lr, **options)
     assert torchtpu.metrics()["fallbacks"] == {}
-    torch.testing.assert_close(torch.tensor(losses), torch.tensor(cpu_losses), rtol=1e-4, atol=0)
+    torch.testing.assert_close(torch.tensor(losses), torch.tensor(CPU_LOSSES[workload]), rtol=1e-4, atol=0)
 
 
 def storages_held(model, opt, batch):
@@ -43,7 +50,8 @@ def rss_mib():
         return int(f.read().split()[1]) * 4096 / 2**20
 
 
-def test_no_leaks():
+@pytest.mark.parametrize("eager", ["strict", "fused"])
+def test_no_leaks(eager):
     seen = {}
 
     def on_step(step, model, opt, batch):
@@ -53,8 +61,8 @@ def test_no_leaks():
             m = torchtpu.metrics()
             seen[step] = (m["live_storages"], m["live_buffers"] - m["cached_scalars"], storages_held(model, opt, batch), rss_mib())
 
-    with torchtpu.mode("strict"):
-        train("tpu", 300, LR, on_step=on_step)
+    with torchtpu.mode(eager):
+        train("mlp", "tpu", 300, LR, on_step=on_step)
     for step, (live, buffers, held, _) in seen.items():
         assert live == held, f"step {step}: {live} live storages, model and optimizer hold {held}"
         assert buffers <= live, f"step {step}: {buffers} buffers for {live} storages"
@@ -115,5 +123,5 @@ def test_new_scalars_never_recompile():
                 group["lr"] *= 0.7
             compiled.append(torchtpu.metrics()["compilations"])
 
-        train("tpu", 6, LR, on_step=on_step)
+        train("mlp", "tpu", 6, LR, on_step=on_step)
     assert compiled[1] == compiled[-1], compiled

@@ -9,16 +9,10 @@ fn torch_dir() -> PathBuf {
     }
     let python = std::env::var("PYO3_PYTHON").unwrap_or_else(|_| "python3".into());
     let out = Command::new(&python)
-        .args([
-            "-c",
-            "import os, torch; print(os.path.dirname(torch.__file__))",
-        ])
+        .args(["-c", "import os, torch; print(os.path.dirname(torch.__file__))"])
         .output()
         .unwrap_or_else(|e| panic!("running {python} to locate torch: {e}"));
-    assert!(
-        out.status.success(),
-        "torch is not importable by {python}; set TORCH_DIR"
-    );
+    assert!(out.status.success(), "torch is not importable by {python}; set TORCH_DIR");
     PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
 }
 

@@ -18,11 +18,7 @@ pub(crate) fn single_device(portable: bool) -> Vec<u8> {
     varint_field(&mut build, BUILD_OPTIONS_NUM_REPLICAS, 1);
     varint_field(&mut build, BUILD_OPTIONS_NUM_PARTITIONS, 1);
     let mut options = Vec::new();
-    key(
-        &mut options,
-        COMPILE_OPTIONS_EXECUTABLE_BUILD_OPTIONS,
-        WIRE_LEN,
-    );
+    key(&mut options, COMPILE_OPTIONS_EXECUTABLE_BUILD_OPTIONS, WIRE_LEN);
     varint(&mut options, build.len() as u64);
     options.extend_from_slice(&build);
     if portable {
@@ -52,14 +48,8 @@ fn varint(out: &mut Vec<u8>, mut value: u64) {
 mod tests {
     #[test]
     fn single_device_matches_the_bytes_known_to_work() {
-        assert_eq!(
-            super::single_device(false),
-            [0x1a, 0x04, 0x20, 0x01, 0x28, 0x01]
-        );
-        assert_eq!(
-            super::single_device(true),
-            [0x1a, 0x04, 0x20, 0x01, 0x28, 0x01, 0x20, 0x01]
-        );
+        assert_eq!(super::single_device(false), [0x1a, 0x04, 0x20, 0x01, 0x28, 0x01]);
+        assert_eq!(super::single_device(true), [0x1a, 0x04, 0x20, 0x01, 0x28, 0x01, 0x20, 0x01]);
     }
 
     #[test]

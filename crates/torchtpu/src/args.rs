@@ -53,12 +53,7 @@ impl<'a> Tensor<'a> {
         Ty::new(self.dtype, self.sizes)
     }
     pub fn view(&self) -> View<'a> {
-        View {
-            sizes: self.sizes,
-            strides: self.strides,
-            offset: self.offset,
-            dtype: self.dtype,
-        }
+        View { sizes: self.sizes, strides: self.strides, offset: self.offset, dtype: self.dtype }
     }
     pub fn numel(&self) -> i64 {
         self.sizes.iter().product()
@@ -121,12 +116,7 @@ pub unsafe fn tensor<'a>(t: &'a TtTensor) -> Result<Option<Tensor<'a>>> {
 pub unsafe fn decode<'a>(a: &'a TtArg) -> Result<Arg<'a>> {
     Ok(match a.kind {
         1 => tensor(&*a.tensors)?.map_or(Arg::None, Arg::Tensor),
-        2 => Arg::Tensors(
-            slice(a.tensors, a.len)
-                .iter()
-                .map(|t| tensor(t))
-                .collect::<Result<_>>()?,
-        ),
+        2 => Arg::Tensors(slice(a.tensors, a.len).iter().map(|t| tensor(t)).collect::<Result<_>>()?),
         3 => Arg::Int(a.i),
         4 => Arg::Float(a.f),
         5 => Arg::Bool(a.i != 0),

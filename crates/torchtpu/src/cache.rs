@@ -27,16 +27,12 @@ type Key = (u64, u64);
 static PROGRAMS: Mutex<Option<HashMap<Key, Arc<Program>>>> = Mutex::new(None);
 
 fn dump_dir() -> PathBuf {
-    std::env::var_os("TORCHTPU_DUMP_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| std::env::temp_dir().join("torchtpu"))
+    std::env::var_os("TORCHTPU_DUMP_DIR").map(PathBuf::from).unwrap_or_else(|| std::env::temp_dir().join("torchtpu"))
 }
 
 /// 64-bit FNV-1a, continued from `h`.
 fn fnv(h: u64, bytes: &[u8]) -> u64 {
-    bytes
-        .iter()
-        .fold(h, |h, &b| (h ^ b as u64).wrapping_mul(0x100000001b3))
+    bytes.iter().fold(h, |h, &b| (h ^ b as u64).wrapping_mul(0x100000001b3))
 }
 
 const FNV_START: u64 = 0xcbf29ce484222325;
@@ -45,11 +41,8 @@ const FNV_START: u64 = 0xcbf29ce484222325;
 fn dump(mlir: &str, what: &str) -> Option<PathBuf> {
     let dir = dump_dir();
     std::fs::create_dir_all(&dir).ok()?;
-    let path = dir.join(format!(
-        "{}-{:016x}.mlir",
-        what.replace([':', '.', '/', ' '], "_"),
-        fnv(FNV_START, mlir.as_bytes())
-    ));
+    let path =
+        dir.join(format!("{}-{:016x}.mlir", what.replace([':', '.', '/', ' '], "_"), fnv(FNV_START, mlir.as_bytes())));
     std::fs::write(&path, mlir).ok()?;
     Some(path)
 }
@@ -79,12 +72,7 @@ pub fn compile(graph: &Graph, what: &str) -> Result<Arc<Program>> {
         fnv(fnv(FNV_START, id.as_bytes()), mlir.as_bytes()),
         fnv(fnv(0x84222325cbf29ce4, mlir.as_bytes()), id.as_bytes()),
     );
-    if let Some(p) = PROGRAMS
-        .lock()
-        .unwrap()
-        .get_or_insert_with(HashMap::new)
-        .get(&key)
-    {
+    if let Some(p) = PROGRAMS.lock().unwrap().get_or_insert_with(HashMap::new).get(&key) {
         bump(&METRICS.program_hits);
         return Ok(p.clone());
     }
@@ -95,19 +83,12 @@ pub fn compile(graph: &Graph, what: &str) -> Result<Arc<Program>> {
         None => {
             let start = Instant::now();
             let exe = rt.client.compile_with(&mlir, portable).map_err(|e| {
-                let file = dump(&mlir, what).map_or("(could not write the dump)".into(), |p| {
-                    p.display().to_string()
-                });
-                Error::runtime(format!(
-                    "torchtpu: XLA failed to compile {what}: {e}\nStableHLO written to {file}"
-                ))
+                let file = dump(&mlir, what).map_or("(could not write the dump)".into(), |p| p.display().to_string());
+                Error::runtime(format!("torchtpu: XLA failed to compile {what}: {e}\nStableHLO written to {file}"))
             })?;
             add(&METRICS.compile_ns, start.elapsed().as_nanos() as u64);
             bump(&METRICS.compilations);
-            METRICS.largest_graph.fetch_max(
-                graph.nodes.len() as u64,
-                std::sync::atomic::Ordering::Relaxed,
-            );
+            METRICS.largest_graph.fetch_max(graph.nodes.len() as u64, std::sync::atomic::Ordering::Relaxed);
             if std::env::var_os("TORCHTPU_DUMP_DIR").is_some() {
                 dump(&mlir, what);
             }
@@ -118,11 +99,7 @@ pub fn compile(graph: &Graph, what: &str) -> Result<Arc<Program>> {
         }
     };
     let program = Arc::new(Program { exe });
-    PROGRAMS
-        .lock()
-        .unwrap()
-        .get_or_insert_with(HashMap::new)
-        .insert(key, program.clone());
+    PROGRAMS.lock().unwrap().get_or_insert_with(HashMap::new).insert(key, program.clone());
     Ok(program)
 }
 
@@ -146,14 +123,8 @@ fn disk() -> Option<&'static Disk> {
                 .or_else(|| std::env::var_os("HOME").map(|h| Path::new(&h).join(".cache")))?
                 .join("torchtpu"),
         };
-        let mb = std::env::var("TORCHTPU_CACHE_SIZE_MB")
-            .ok()
-            .and_then(|v| v.parse::<u64>().ok())
-            .unwrap_or(4096);
-        Some(Disk {
-            dir,
-            max_bytes: mb << 20,
-        })
+        let mb = std::env::var("TORCHTPU_CACHE_SIZE_MB").ok().and_then(|v| v.parse::<u64>().ok()).unwrap_or(4096);
+        Some(Disk { dir, max_bytes: mb << 20 })
     })
     .as_ref()
 }
@@ -179,8 +150,8 @@ impl Disk {
             bump(&METRICS.disk_misses);
             return None;
         };
-        let verified = verify(&bytes, key)
-            .and_then(|payload| rt.client.deserialize(payload).map_err(|e| e.to_string()));
+        let verified =
+            verify(&bytes, key).and_then(|payload| rt.client.deserialize(payload).map_err(|e| e.to_string()));
         match verified {
             Ok(exe) => {
                 bump(&METRICS.disk_hits);
@@ -204,36 +175,25 @@ impl Disk {
     }
 
     fn store(&self, key: Key, exe: &pjrt::LoadedExecutable) {
-        let written = exe
-            .serialize()
-            .map_err(|e| e.to_string())
-            .and_then(|payload| {
-                std::fs::create_dir_all(&self.dir).map_err(|e| e.to_string())?;
-                let mut bytes = Vec::with_capacity(HEADER + payload.len());
-                bytes.extend_from_slice(MAGIC);
-                bytes.extend_from_slice(&key.0.to_le_bytes());
-                bytes.extend_from_slice(&key.1.to_le_bytes());
-                bytes.extend_from_slice(&(payload.len() as u64).to_le_bytes());
-                bytes.extend_from_slice(&fnv(FNV_START, &payload).to_le_bytes());
-                bytes.extend_from_slice(&payload);
-                // Written aside and renamed: readers see a whole entry or none.
-                let tmp = self.dir.join(format!(
-                    ".{:016x}{:016x}.{}.tmp",
-                    key.0,
-                    key.1,
-                    std::process::id()
-                ));
-                let mut f = std::fs::File::create(&tmp).map_err(|e| e.to_string())?;
-                f.write_all(&bytes).map_err(|e| e.to_string())?;
-                drop(f);
-                std::fs::rename(&tmp, self.path(key)).map_err(|e| e.to_string())
-            });
+        let written = exe.serialize().map_err(|e| e.to_string()).and_then(|payload| {
+            std::fs::create_dir_all(&self.dir).map_err(|e| e.to_string())?;
+            let mut bytes = Vec::with_capacity(HEADER + payload.len());
+            bytes.extend_from_slice(MAGIC);
+            bytes.extend_from_slice(&key.0.to_le_bytes());
+            bytes.extend_from_slice(&key.1.to_le_bytes());
+            bytes.extend_from_slice(&(payload.len() as u64).to_le_bytes());
+            bytes.extend_from_slice(&fnv(FNV_START, &payload).to_le_bytes());
+            bytes.extend_from_slice(&payload);
+            // Written aside and renamed: readers see a whole entry or none.
+            let tmp = self.dir.join(format!(".{:016x}{:016x}.{}.tmp", key.0, key.1, std::process::id()));
+            let mut f = std::fs::File::create(&tmp).map_err(|e| e.to_string())?;
+            f.write_all(&bytes).map_err(|e| e.to_string())?;
+            drop(f);
+            std::fs::rename(&tmp, self.path(key)).map_err(|e| e.to_string())
+        });
         match written {
             Ok(()) => self.evict(),
-            Err(e) => warn(format!(
-                "could not write to the compilation cache in {}: {e}",
-                self.dir.display()
-            )),
+            Err(e) => warn(format!("could not write to the compilation cache in {}: {e}", self.dir.display())),
         }
     }
 
@@ -274,11 +234,7 @@ fn verify(bytes: &[u8], key: Key) -> std::result::Result<&[u8], String> {
     }
     let payload = &bytes[HEADER..];
     if word(24) != payload.len() as u64 {
-        return Err(format!(
-            "truncated: {} of {} bytes",
-            payload.len(),
-            word(24)
-        ));
+        return Err(format!("truncated: {} of {} bytes", payload.len(), word(24)));
     }
     if word(32) != fnv(FNV_START, payload) {
         return Err("checksum mismatch".into());
@@ -302,30 +258,12 @@ mod tests {
         let mut g = Graph::default();
         let a = g.param(Ty::new(DType::F32, &[2, 3]));
         let b = g.param(Ty::new(DType::F32, &[4, 5]));
-        let op = Op::DotGeneral {
-            lhs_batch: vec![],
-            rhs_batch: vec![],
-            lhs_contract: vec![1],
-            rhs_contract: vec![0],
-        };
+        let op = Op::DotGeneral { lhs_batch: vec![], rhs_batch: vec![], lhs_contract: vec![1], rhs_contract: vec![0] };
         g.outputs = vec![g.push(op, vec![a, b], Ty::new(DType::F32, &[2, 5]))];
-        let err = compile(&g, "aten::mm")
-            .err()
-            .expect("XLA rejects the program");
-        let path = err
-            .message
-            .rsplit("StableHLO written to ")
-            .next()
-            .unwrap()
-            .trim();
-        assert!(
-            err.message.contains("XLA failed to compile aten::mm"),
-            "{}",
-            err.message
-        );
-        assert!(std::fs::read_to_string(path)
-            .unwrap()
-            .contains("stablehlo.dot_general"));
+        let err = compile(&g, "aten::mm").err().expect("XLA rejects the program");
+        let path = err.message.rsplit("StableHLO written to ").next().unwrap().trim();
+        assert!(err.message.contains("XLA failed to compile aten::mm"), "{}", err.message);
+        assert!(std::fs::read_to_string(path).unwrap().contains("stablehlo.dot_general"));
     }
 
     #[test]
@@ -338,12 +276,8 @@ mod tests {
         }
         entry.extend_from_slice(payload);
         assert_eq!(verify(&entry, key), Ok(&payload[..]));
-        assert!(verify(&entry, (1, 3))
-            .unwrap_err()
-            .contains("another program"));
-        assert!(verify(&entry[..entry.len() - 1], key)
-            .unwrap_err()
-            .contains("truncated"));
+        assert!(verify(&entry, (1, 3)).unwrap_err().contains("another program"));
+        assert!(verify(&entry[..entry.len() - 1], key).unwrap_err().contains("truncated"));
         let mut flipped = entry.clone();
         *flipped.last_mut().unwrap() ^= 1;
         assert!(verify(&flipped, key).unwrap_err().contains("checksum"));

@@ -38,12 +38,7 @@ impl DType {
             15 => BF16,
             28 => U32,
             29 => U64,
-            _ => {
-                return Err(Error::type_error(format!(
-                    "tpu does not support dtype {}",
-                    c10_name(code)
-                )))
-            }
+            _ => return Err(Error::type_error(format!("tpu does not support dtype {}", c10_name(code)))),
         })
     }
 
@@ -197,14 +192,7 @@ pub fn result_type(operands: &[(DType, Priority)]) -> DType {
         let (slot, dtype) = match priority {
             Priority::Dim => (0, dtype),
             Priority::ZeroDim => (1, dtype),
-            Priority::Wrapped => (
-                2,
-                if dtype.is_float() {
-                    DEFAULT_FLOAT
-                } else {
-                    dtype
-                },
-            ),
+            Priority::Wrapped => (2, if dtype.is_float() { DEFAULT_FLOAT } else { dtype }),
         };
         state[slot] = Some(state[slot].map_or(dtype, |d| promote(d, dtype)));
     }
@@ -244,26 +232,11 @@ mod tests {
         assert_eq!(promote(I64, F16), F16);
         assert_eq!(promote(Bool, I32), I32);
         // int tensor + float scalar -> default float; float16 tensor + float scalar stays.
-        assert_eq!(
-            result_type(&[(I64, Priority::Dim), (F64, Priority::Wrapped)]),
-            F32
-        );
-        assert_eq!(
-            result_type(&[(F16, Priority::Dim), (F64, Priority::Wrapped)]),
-            F16
-        );
+        assert_eq!(result_type(&[(I64, Priority::Dim), (F64, Priority::Wrapped)]), F32);
+        assert_eq!(result_type(&[(F16, Priority::Dim), (F64, Priority::Wrapped)]), F16);
         // zero-dim tensors do not promote within a category.
-        assert_eq!(
-            result_type(&[(F32, Priority::Dim), (F64, Priority::ZeroDim)]),
-            F32
-        );
-        assert_eq!(
-            result_type(&[(I32, Priority::Dim), (F64, Priority::ZeroDim)]),
-            F64
-        );
-        assert_eq!(
-            result_type(&[(Bool, Priority::Dim), (I64, Priority::Wrapped)]),
-            I64
-        );
+        assert_eq!(result_type(&[(F32, Priority::Dim), (F64, Priority::ZeroDim)]), F32);
+        assert_eq!(result_type(&[(I32, Priority::Dim), (F64, Priority::ZeroDim)]), F64);
+        assert_eq!(result_type(&[(Bool, Priority::Dim), (I64, Priority::Wrapped)]), I64);
     }
 }

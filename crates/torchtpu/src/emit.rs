@@ -19,10 +19,7 @@ fn scalar(dtype: DType) -> String {
 }
 
 fn ints(v: &[i64]) -> String {
-    v.iter()
-        .map(|x| x.to_string())
-        .collect::<Vec<_>>()
-        .join(", ")
+    v.iter().map(|x| x.to_string()).collect::<Vec<_>>().join(", ")
 }
 
 fn array(v: &[i64]) -> String {
@@ -120,11 +117,7 @@ impl Emitter<'_> {
         let node = &self.g.nodes[v];
         let args: Vec<String> = node.args.iter().map(|&a| self.name(a)).collect();
         let types: Vec<String> = node.args.iter().map(|&a| self.ty(a)).collect();
-        let attrs = if attrs.is_empty() {
-            String::new()
-        } else {
-            format!(" {{{attrs}}}")
-        };
+        let attrs = if attrs.is_empty() { String::new() } else { format!(" {{{attrs}}}") };
         let _ = writeln!(
             self.out,
             "    %v{v} = \"{op}\"({}){attrs} : ({}) -> {}",
@@ -147,12 +140,8 @@ impl Emitter<'_> {
             );
             return;
         }
-        let _ = writeln!(
-            self.out,
-            "    {name} = stablehlo.constant dense<{}> : {}",
-            literal(bits, ty.dtype),
-            tensor(ty)
-        );
+        let _ =
+            writeln!(self.out, "    {name} = stablehlo.constant dense<{}> : {}", literal(bits, ty.dtype), tensor(ty));
     }
 
     /// A two-argument region `^bb0(x, y): return op(x, y)`.
@@ -188,21 +177,11 @@ impl Emitter<'_> {
             Op::Convert => self.line(v, "stablehlo.convert", ""),
             Op::BitcastConvert => self.line(v, "stablehlo.bitcast_convert", ""),
             Op::Reshape => self.line(v, "stablehlo.reshape", ""),
-            Op::Transpose(p) => self.line(
-                v,
-                "stablehlo.transpose",
-                &format!("permutation = {}", array(p)),
-            ),
-            Op::BroadcastInDim(d) => self.line(
-                v,
-                "stablehlo.broadcast_in_dim",
-                &format!("broadcast_dimensions = {}", array(d)),
-            ),
-            Op::Slice {
-                start,
-                limit,
-                stride,
-            } => {
+            Op::Transpose(p) => self.line(v, "stablehlo.transpose", &format!("permutation = {}", array(p))),
+            Op::BroadcastInDim(d) => {
+                self.line(v, "stablehlo.broadcast_in_dim", &format!("broadcast_dimensions = {}", array(d)))
+            }
+            Op::Slice { start, limit, stride } => {
                 let attrs = format!(
                     "start_indices = {}, limit_indices = {}, strides = {}",
                     array(start),
@@ -211,16 +190,8 @@ impl Emitter<'_> {
                 );
                 self.line(v, "stablehlo.slice", &attrs)
             }
-            Op::Concatenate(d) => self.line(
-                v,
-                "stablehlo.concatenate",
-                &format!("dimension = {d} : i64"),
-            ),
-            Op::Pad {
-                low,
-                high,
-                interior,
-            } => {
+            Op::Concatenate(d) => self.line(v, "stablehlo.concatenate", &format!("dimension = {d} : i64")),
+            Op::Pad { low, high, interior } => {
                 let attrs = format!(
                     "edge_padding_low = {}, edge_padding_high = {}, interior_padding = {}",
                     array(low),
@@ -229,39 +200,21 @@ impl Emitter<'_> {
                 );
                 self.line(v, "stablehlo.pad", &attrs)
             }
-            Op::Reverse(d) => self.line(
-                v,
-                "stablehlo.reverse",
-                &format!("dimensions = {}", array(d)),
-            ),
+            Op::Reverse(d) => self.line(v, "stablehlo.reverse", &format!("dimensions = {}", array(d))),
             Op::Reduce { kind, dims } => self.reduce(v, *kind, dims),
             Op::ArgReduce { max, dim } => self.arg_reduce(v, *max, *dim),
-            Op::DotGeneral {
-                lhs_batch,
-                rhs_batch,
-                lhs_contract,
-                rhs_contract,
-            } => {
+            Op::DotGeneral { lhs_batch, rhs_batch, lhs_contract, rhs_contract } => {
                 let mut fields = Vec::new();
                 if !lhs_batch.is_empty() {
                     fields.push(format!("lhs_batching_dimensions = [{}]", ints(lhs_batch)));
                     fields.push(format!("rhs_batching_dimensions = [{}]", ints(rhs_batch)));
                 }
-                fields.push(format!(
-                    "lhs_contracting_dimensions = [{}]",
-                    ints(lhs_contract)
-                ));
-                fields.push(format!(
-                    "rhs_contracting_dimensions = [{}]",
-                    ints(rhs_contract)
-                ));
+                fields.push(format!("lhs_contracting_dimensions = [{}]", ints(lhs_contract)));
+                fields.push(format!("rhs_contracting_dimensions = [{}]", ints(rhs_contract)));
                 self.line(
                     v,
                     "stablehlo.dot_general",
-                    &format!(
-                        "dot_dimension_numbers = #stablehlo.dot<{}>",
-                        fields.join(", ")
-                    ),
+                    &format!("dot_dimension_numbers = #stablehlo.dot<{}>", fields.join(", ")),
                 )
             }
             Op::Take { axis } => self.take(v, *axis),
@@ -307,11 +260,7 @@ impl Emitter<'_> {
             "    %n{v} = \"stablehlo.iota\"() {{iota_dimension = {dim} : i64}} : () -> {}",
             tensor(&idx_ty)
         );
-        let kind = if max {
-            ReduceKind::Max
-        } else {
-            ReduceKind::Min
-        };
+        let kind = if max { ReduceKind::Max } else { ReduceKind::Min };
         self.constant(&format!("%iv{v}"), reduce_init(kind, dt), &Ty::new(dt, &[]));
         self.constant(&format!("%ii{v}"), 0, &Ty::new(DType::I64, &[]));
         let (better, ct) = (if max { "GT" } else { "LT" }, compare_type(dt));
@@ -321,7 +270,9 @@ impl Emitter<'_> {
             )
         };
         let bool2 = |name: &str, op: &str, a: &str, b: &str| {
-            format!("      %{name}{v} = \"stablehlo.{op}\"(%{a}{v}, %{b}{v}) : (tensor<i1>, tensor<i1>) -> tensor<i1>\n")
+            format!(
+                "      %{name}{v} = \"stablehlo.{op}\"(%{a}{v}, %{b}{v}) : (tensor<i1>, tensor<i1>) -> tensor<i1>\n"
+            )
         };
         let mut body = String::new();
         body += &cmp("gt", better, "av", "bv", &s, ct);
@@ -336,15 +287,15 @@ impl Emitter<'_> {
         body += &bool2("p2", "and", "ti", "lt");
         body += &bool2("p3", "or", "gt", "p1");
         body += &bool2("pa", "or", "p3", "p2");
-        body += &format!("      %rv{v} = \"stablehlo.select\"(%pa{v}, %av{v}, %bv{v}) : (tensor<i1>, {s}, {s}) -> {s}\n");
-        body += &format!("      %ri{v} = \"stablehlo.select\"(%pa{v}, %ai{v}, %bi{v}) : (tensor<i1>, {si}, {si}) -> {si}\n");
+        body +=
+            &format!("      %rv{v} = \"stablehlo.select\"(%pa{v}, %av{v}, %bv{v}) : (tensor<i1>, {s}, {s}) -> {s}\n");
+        body += &format!(
+            "      %ri{v} = \"stablehlo.select\"(%pa{v}, %ai{v}, %bi{v}) : (tensor<i1>, {si}, {si}) -> {si}\n"
+        );
         body += &format!("      \"stablehlo.return\"(%rv{v}, %ri{v}) : ({s}, {si}) -> ()\n");
         let mut out_shape = it.shape.clone();
         out_shape.remove(dim as usize);
-        let (ov, oi) = (
-            tensor(&Ty::new(dt, &out_shape)),
-            tensor(&Ty::new(DType::I64, &out_shape)),
-        );
+        let (ov, oi) = (tensor(&Ty::new(dt, &out_shape)), tensor(&Ty::new(DType::I64, &out_shape)));
         let _ = writeln!(
             self.out,
             "    %v{v}:2 = \"stablehlo.reduce\"({}, %n{v}, %iv{v}, %ii{v}) ({{\n    ^bb0(%av{v}: {s}, %ai{v}: {si}, %bv{v}: {s}, %bi{v}: {si}):\n{body}    }}) {{dimensions = array<i64: {dim}>}} : ({}, {}, {s}, {si}) -> ({ov}, {oi})",
@@ -357,18 +308,12 @@ impl Emitter<'_> {
     /// Window dimensions shared by `take` (gather) and `put` (scatter).
     fn windows(rank: usize, axis: i64, k: usize) -> Vec<i64> {
         let axis = axis as usize;
-        (0..axis)
-            .chain(axis + k..rank - 1 + k)
-            .map(|d| d as i64)
-            .collect()
+        (0..axis).chain(axis + k..rank - 1 + k).map(|d| d as i64).collect()
     }
 
     fn take(&mut self, v: V, axis: i64) {
         let node = &self.g.nodes[v];
-        let (a, idx) = (
-            self.g.ty(node.args[0]).clone(),
-            self.g.ty(node.args[1]).clone(),
-        );
+        let (a, idx) = (self.g.ty(node.args[0]).clone(), self.g.ty(node.args[1]).clone());
         let offset = Self::windows(a.rank(), axis, idx.rank());
         let mut sizes = a.shape.clone();
         sizes[axis as usize] = 1;
@@ -383,10 +328,7 @@ impl Emitter<'_> {
 
     fn put(&mut self, v: V, axis: i64, accumulate: bool) {
         let node = &self.g.nodes[v];
-        let (a, idx) = (
-            self.g.ty(node.args[0]).clone(),
-            self.g.ty(node.args[1]).clone(),
-        );
+        let (a, idx) = (self.g.ty(node.args[0]).clone(), self.g.ty(node.args[1]).clone());
         let window = Self::windows(a.rank(), axis, idx.rank());
         let args: Vec<String> = node.args.iter().map(|&x| self.name(x)).collect();
         let types: Vec<String> = node.args.iter().map(|&x| self.ty(x)).collect();
@@ -405,10 +347,7 @@ impl Emitter<'_> {
 
 /// The StableHLO module of a graph: `@main(params...) -> outputs`.
 pub fn emit(g: &Graph) -> String {
-    let mut e = Emitter {
-        g,
-        out: String::new(),
-    };
+    let mut e = Emitter { g, out: String::new() };
     let params: Vec<String> = g
         .params
         .iter()
@@ -443,11 +382,6 @@ pub fn emit(g: &Graph) -> String {
         }
     }
     let names: Vec<String> = g.outputs.iter().map(|&v| e.name(v)).collect();
-    let _ = writeln!(
-        e.out,
-        "    \"func.return\"({}) : ({}) -> ()\n  }}\n}}",
-        names.join(", "),
-        results.join(", ")
-    );
+    let _ = writeln!(e.out, "    \"func.return\"({}) : ({}) -> ()\n  }}\n}}", names.join(", "), results.join(", "));
     e.out
 }

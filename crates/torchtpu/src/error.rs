@@ -20,34 +20,19 @@ pub type Result<T> = std::result::Result<T, Error>;
 
 impl Error {
     pub fn runtime(message: impl Into<String>) -> Error {
-        Error {
-            kind: Kind::Runtime,
-            message: message.into(),
-        }
+        Error { kind: Kind::Runtime, message: message.into() }
     }
     pub fn value(message: impl Into<String>) -> Error {
-        Error {
-            kind: Kind::Value,
-            message: message.into(),
-        }
+        Error { kind: Kind::Value, message: message.into() }
     }
     pub fn index(message: impl Into<String>) -> Error {
-        Error {
-            kind: Kind::Index,
-            message: message.into(),
-        }
+        Error { kind: Kind::Index, message: message.into() }
     }
     pub fn type_error(message: impl Into<String>) -> Error {
-        Error {
-            kind: Kind::Type,
-            message: message.into(),
-        }
+        Error { kind: Kind::Type, message: message.into() }
     }
     pub fn not_implemented(message: impl Into<String>) -> Error {
-        Error {
-            kind: Kind::NotImplemented,
-            message: message.into(),
-        }
+        Error { kind: Kind::NotImplemented, message: message.into() }
     }
 }
 

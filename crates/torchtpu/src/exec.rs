@@ -43,9 +43,7 @@ pub fn set_mode(name: &str) -> Result<()> {
         "strict" => Mode::Strict,
         "fused" => Mode::Fused,
         _ => {
-            return Err(Error::value(format!(
-                "torchtpu: unknown mode '{name}'; expected 'fused', 'strict' or 'debug'"
-            )))
+            return Err(Error::value(format!("torchtpu: unknown mode '{name}'; expected 'fused', 'strict' or 'debug'")))
         }
     };
     // What was recorded so far runs under the mode that recorded it.
@@ -86,18 +84,9 @@ impl Plan {
 
     /// `aten::mm(f32[2,3], f32[3,4]) -> f32[2,4]`, for explanations.
     pub fn describe(&self) -> String {
-        let tys = |t: &[Ty]| {
-            t.iter()
-                .map(|t| format!("{}{:?}", t.dtype.mlir(), t.shape))
-                .collect::<Vec<_>>()
-                .join(", ")
-        };
-        format!(
-            "{}({}) -> {}",
-            self.name,
-            tys(&self.graph.params),
-            tys(&self.outputs)
-        )
+        let tys =
+            |t: &[Ty]| t.iter().map(|t| format!("{}{:?}", t.dtype.mlir(), t.shape)).collect::<Vec<_>>().join(", ");
+        format!("{}({}) -> {}", self.name, tys(&self.graph.params), tys(&self.outputs))
     }
 }
 
@@ -156,10 +145,7 @@ fn signature(op: &OpDef, args: &[Arg]) -> Key {
             Some(s) => {
                 // Aliasing decides the program's parameters: which earlier tensor shares the storage.
                 let p = s as *const Storage;
-                let first = storages
-                    .iter()
-                    .position(|&q| q == p)
-                    .unwrap_or(storages.len());
+                let first = storages.iter().position(|&q| q == p).unwrap_or(storages.len());
                 storages.push(p);
                 key.push(first as u64);
                 key.push(s.nbytes as u64);
@@ -186,21 +172,9 @@ fn signature(op: &OpDef, args: &[Arg]) -> Key {
                     tensor(&mut key, t);
                 }
             }
-            Arg::Int(v) => key.extend(if runtime {
-                vec![103]
-            } else {
-                vec![104, *v as u64]
-            }),
-            Arg::Float(f) => key.extend(if runtime {
-                vec![105]
-            } else {
-                vec![106, f.to_bits()]
-            }),
-            Arg::Bool(b) => key.extend(if runtime {
-                vec![107]
-            } else {
-                vec![108, *b as u64]
-            }),
+            Arg::Int(v) => key.extend(if runtime { vec![103] } else { vec![104, *v as u64] }),
+            Arg::Float(f) => key.extend(if runtime { vec![105] } else { vec![106, f.to_bits()] }),
+            Arg::Bool(b) => key.extend(if runtime { vec![107] } else { vec![108, *b as u64] }),
             Arg::Ints(v) => {
                 key.extend([109, v.len() as u64]);
                 key.extend(v.iter().map(|&x| x as u64));
@@ -240,14 +214,7 @@ fn build(op: &OpDef, args: &[Arg], device: usize) -> Result<Plan> {
         checks.push(check);
     }
     let outputs = outputs.iter().map(|&v| g.ty(v).clone()).collect();
-    Ok(Plan {
-        name: op.name.clone(),
-        graph: g,
-        program: OnceLock::new(),
-        inputs: cx.inputs,
-        outputs,
-        checks,
-    })
+    Ok(Plan { name: op.name.clone(), graph: g, program: OnceLock::new(), inputs: cx.inputs, outputs, checks })
 }
 
 pub fn plan(op: &OpDef, args: &[Arg], device: usize) -> Result<Arc<Plan>> {
@@ -266,8 +233,7 @@ pub fn plan(op: &OpDef, args: &[Arg], device: usize) -> Result<Arc<Plan>> {
 
 /// Small uploads (scalars) reused by value: a constant `alpha` or learning
 /// rate costs no transfer after its first use.
-static SCALARS: LazyLock<Mutex<FxMap<(usize, DType, u64), Arc<DeviceBuffer>>>> =
-    LazyLock::new(Default::default);
+static SCALARS: LazyLock<Mutex<FxMap<(usize, DType, u64), Arc<DeviceBuffer>>>> = LazyLock::new(Default::default);
 
 /// How many scalar buffers the cache keeps alive (for leak accounting).
 pub fn cached_scalars() -> usize {
@@ -276,12 +242,7 @@ pub fn cached_scalars() -> usize {
 
 pub fn upload(bytes: &[u8], ty: Ty, device: usize) -> Result<Arc<DeviceBuffer>> {
     let rt = runtime::get()?;
-    let buf = rt.client.buffer_from_host(
-        bytes,
-        ty.dtype.element_type(),
-        &ty.shape,
-        rt.device(device)?,
-    )?;
+    let buf = rt.client.buffer_from_host(bytes, ty.dtype.element_type(), &ty.shape, rt.device(device)?)?;
     bump(&METRICS.transfers_to_device);
     Ok(DeviceBuffer::new(buf, ty))
 }
@@ -305,11 +266,9 @@ fn upload_scalar(bytes: &[u8], dtype: DType, device: usize) -> Result<Arc<Device
 pub fn tensor_at<'a>(args: &'a [Arg<'a>], arg: usize, item: usize) -> Result<Tensor<'a>> {
     match &args[arg] {
         Arg::Tensor(t) if item == 0 => Ok(*t),
-        Arg::Tensors(ts) => ts
-            .get(item)
-            .copied()
-            .flatten()
-            .ok_or_else(|| Error::runtime("torchtpu: missing tensor input")),
+        Arg::Tensors(ts) => {
+            ts.get(item).copied().flatten().ok_or_else(|| Error::runtime("torchtpu: missing tensor input"))
+        }
         _ => Err(Error::runtime("torchtpu: input is not a tensor")),
     }
 }
@@ -321,19 +280,14 @@ pub fn resolve(value: &Value, reason: Reason) -> Result<Arc<DeviceBuffer>> {
         return b;
     }
     trace::flush(reason)?;
-    value
-        .buffer()
-        .unwrap_or_else(|| Err(Error::runtime("torchtpu: a pending value was not computed")))
+    value.buffer().unwrap_or_else(|| Err(Error::runtime("torchtpu: a pending value was not computed")))
 }
 
 pub fn input(input: &Input, args: &[Arg], device: usize) -> Result<Arc<DeviceBuffer>> {
     match *input {
         Input::Storage { arg, item } => {
             let value = tensor_at(args, arg, item)?.storage.and_then(|s| s.value());
-            resolve(
-                &value.ok_or_else(|| Error::runtime("torchtpu: a storage lost its value"))?,
-                Reason::Mode,
-            )
+            resolve(&value.ok_or_else(|| Error::runtime("torchtpu: a storage lost its value"))?, Reason::Mode)
         }
         Input::Host { arg, item } => {
             let t = tensor_at(args, arg, item)?;
@@ -391,27 +345,16 @@ pub fn read_bool(b: &DeviceBuffer) -> Result<bool> {
 
 fn execute(plan: &Plan, what: &str, args: &[Arg], device: usize) -> Result<Vec<Arc<DeviceBuffer>>> {
     let rt = runtime::get()?;
-    let held: Vec<Arc<DeviceBuffer>> = plan
-        .inputs
-        .iter()
-        .map(|i| input(i, args, device))
-        .collect::<Result<_>>()?;
+    let held: Vec<Arc<DeviceBuffer>> = plan.inputs.iter().map(|i| input(i, args, device)).collect::<Result<_>>()?;
     let refs: Vec<&pjrt::Buffer> = held.iter().map(|b| &b.buf).collect();
     let start = Instant::now();
     let program = plan.program()?;
-    let raw = program
-        .exe
-        .execute(&refs, rt.device(device)?, &[])
-        .map_err(|e| launch_error(e, what, device))?;
+    let raw = program.exe.execute(&refs, rt.device(device)?, &[]).map_err(|e| launch_error(e, what, device))?;
     add(&METRICS.execute_ns, start.elapsed().as_nanos() as u64);
     bump(&METRICS.executions);
     let mut outs: Vec<Arc<DeviceBuffer>> = Vec::with_capacity(raw.len());
     for (i, buf) in raw.into_iter().enumerate() {
-        let ty = plan
-            .outputs
-            .get(i)
-            .cloned()
-            .unwrap_or(Ty::new(DType::Bool, &[]));
+        let ty = plan.outputs.get(i).cloned().unwrap_or(Ty::new(DType::Bool, &[]));
         outs.push(DeviceBuffer::new(buf, ty));
     }
     for check in &plan.checks {
@@ -422,18 +365,13 @@ fn execute(plan: &Plan, what: &str, args: &[Arg], device: usize) -> Result<Vec<A
                 outs[v].buf.to_host(&mut word)?;
                 message = message.replace("{}", &i64::from_le_bytes(word).to_string());
             }
-            return Err(Error {
-                kind: check.kind,
-                message,
-            });
+            return Err(Error { kind: check.kind, message });
         }
     }
     outs.truncate(plan.outputs.len());
     if mode() == Mode::Debug {
         for b in &outs {
-            b.buf
-                .await_ready()
-                .map_err(|e| Error::runtime(format!("torchtpu: {what} failed: {e}")))?;
+            b.buf.await_ready().map_err(|e| Error::runtime(format!("torchtpu: {what} failed: {e}")))?;
         }
         if std::env::var("TORCHTPU_DEBUG_NANS").is_ok_and(|v| v == "1") {
             check_finite(&outs, what, device)?;
@@ -464,19 +402,11 @@ fn check_finite(outs: &[Arc<DeviceBuffer>], what: &str, device: usize) -> Result
         let mut bytes = vec![0u8; b.ty.numel() as usize * b.ty.dtype.size()];
         b.buf.to_host(&mut bytes)?;
         let bad = match b.ty.dtype {
-            DType::F32 => bytes
-                .chunks_exact(4)
-                .any(|c| !f32::from_le_bytes(c.try_into().unwrap()).is_finite()),
-            DType::F64 => bytes
-                .chunks_exact(8)
-                .any(|c| !f64::from_le_bytes(c.try_into().unwrap()).is_finite()),
+            DType::F32 => bytes.chunks_exact(4).any(|c| !f32::from_le_bytes(c.try_into().unwrap()).is_finite()),
+            DType::F64 => bytes.chunks_exact(8).any(|c| !f64::from_le_bytes(c.try_into().unwrap()).is_finite()),
             // f16/bf16: exponent bits all ones.
-            DType::BF16 => bytes
-                .chunks_exact(2)
-                .any(|c| u16::from_le_bytes([c[0], c[1]]) & 0x7f80 == 0x7f80),
-            _ => bytes
-                .chunks_exact(2)
-                .any(|c| u16::from_le_bytes([c[0], c[1]]) & 0x7c00 == 0x7c00),
+            DType::BF16 => bytes.chunks_exact(2).any(|c| u16::from_le_bytes([c[0], c[1]]) & 0x7f80 == 0x7f80),
+            _ => bytes.chunks_exact(2).any(|c| u16::from_le_bytes([c[0], c[1]]) & 0x7c00 == 0x7c00),
         };
         if bad {
             return Err(Error::runtime(format!(
@@ -522,10 +452,7 @@ fn apply(plan: &Arc<Plan>, what: &str, args: &[Arg], device: usize) -> Result<Ve
     if mode() == Mode::Fused {
         return trace::record(plan, args, device);
     }
-    Ok(execute(plan, what, args, device)?
-        .into_iter()
-        .map(Value::Ready)
-        .collect())
+    Ok(execute(plan, what, args, device)?.into_iter().map(Value::Ready).collect())
 }
 
 /// Runs a functional operator; its results are fresh storages.
@@ -581,53 +508,28 @@ pub fn copy(src: &Tensor, dst: &Tensor) -> Result<()> {
             Ok(())
         }
         (None, Some(device)) => {
-            let storage = dst
-                .storage
-                .ok_or_else(|| Error::runtime("torchtpu: copy into a tensor without storage"))?;
+            let storage = dst.storage.ok_or_else(|| Error::runtime("torchtpu: copy into a tensor without storage"))?;
             let buf = upload(src.host_bytes(), dst.ty(), device)?;
-            if dst
-                .view()
-                .is_whole(storage.nbytes / dst.dtype.size() as i64)
-            {
+            if dst.view().is_whole(storage.nbytes / dst.dtype.size() as i64) {
                 storage.set(Value::Ready(buf));
                 return Ok(());
             }
-            let staged = Storage::new(
-                device,
-                buf.ty.numel() * dst.dtype.size() as i64,
-                Some(Value::Ready(buf)),
-            );
+            let staged = Storage::new(device, buf.ty.numel() * dst.dtype.size() as i64, Some(Value::Ready(buf)));
             let strides = crate::view::contiguous_strides(dst.sizes);
-            let src = Tensor {
-                storage: Some(&staged),
-                strides: &strides,
-                offset: 0,
-                device: Some(device),
-                ..*dst
-            };
+            let src = Tensor { storage: Some(&staged), strides: &strides, offset: 0, device: Some(device), ..*dst };
             copy_device(&src, dst, device)
         }
         (Some(device), Some(_)) => copy_device(src, dst, device),
-        (None, None) => Err(Error::runtime(
-            "torchtpu: host-to-host copy reached the tpu runtime",
-        )),
+        (None, None) => Err(Error::runtime("torchtpu: host-to-host copy reached the tpu runtime")),
     }
 }
 
 fn copy_device(src: &Tensor, dst: &Tensor, device: usize) -> Result<()> {
-    let storage = dst
-        .storage
-        .ok_or_else(|| Error::runtime("torchtpu: copy into a tensor without storage"))?;
-    let whole = dst
-        .view()
-        .is_whole(storage.nbytes / dst.dtype.size() as i64);
+    let storage = dst.storage.ok_or_else(|| Error::runtime("torchtpu: copy into a tensor without storage"))?;
+    let whole = dst.view().is_whole(storage.nbytes / dst.dtype.size() as i64);
     // Same bytes, whole storages: share the immutable buffer.
     if let Some(v) = src.storage.and_then(|s| s.value()) {
-        if whole
-            && src.dtype == dst.dtype
-            && src.numel() == dst.numel()
-            && src.view().is_whole(v.ty().numel())
-        {
+        if whole && src.dtype == dst.dtype && src.numel() == dst.numel() && src.view().is_whole(v.ty().numel()) {
             storage.set(v);
             return Ok(());
         }
@@ -645,15 +547,8 @@ pub fn resized(old: &Storage, nbytes: i64) -> Result<Arc<Storage>> {
         return Ok(Storage::new(old.device, nbytes, None));
     };
     let value = resolve(&value, Reason::Resize)?;
-    let dtype = if nbytes % value.ty.dtype.size() as i64 == 0 {
-        value.ty.dtype
-    } else {
-        DType::U8
-    };
-    let (have, want) = (
-        old.nbytes / dtype.size() as i64,
-        nbytes / dtype.size() as i64,
-    );
+    let dtype = if nbytes % value.ty.dtype.size() as i64 == 0 { value.ty.dtype } else { DType::U8 };
+    let (have, want) = (old.nbytes / dtype.size() as i64, nbytes / dtype.size() as i64);
     let mut g = crate::ir::Graph::default();
     let p = g.param(value.ty.clone());
     let flat = crate::view::flat(&mut g, p, dtype);
@@ -662,17 +557,7 @@ pub fn resized(old: &Storage, nbytes: i64) -> Result<Arc<Storage>> {
     g.outputs = vec![g.pad(kept, zero, &[0], &[(want - have).max(0)], &[0])];
     let program = cache::compile(&g, "resize_")?;
     let rt = runtime::get()?;
-    let out = program
-        .exe
-        .execute(&[&value.buf], rt.device(old.device)?, &[])?
-        .remove(0);
+    let out = program.exe.execute(&[&value.buf], rt.device(old.device)?, &[])?.remove(0);
     bump(&METRICS.executions);
-    Ok(Storage::new(
-        old.device,
-        nbytes,
-        Some(Value::Ready(DeviceBuffer::new(
-            out,
-            Ty::new(dtype, &[want]),
-        ))),
-    ))
+    Ok(Storage::new(old.device, nbytes, Some(Value::Ready(DeviceBuffer::new(out, Ty::new(dtype, &[want]))))))
 }

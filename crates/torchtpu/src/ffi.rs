@@ -41,22 +41,14 @@ thread_local! {
 /// Runs `f`, turning errors and panics into a status code and a message.
 fn guard(f: impl FnOnce() -> Result<()>) -> i32 {
     let result = catch_unwind(AssertUnwindSafe(f)).unwrap_or_else(|p| {
-        let msg = p
-            .downcast_ref::<String>()
-            .cloned()
-            .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()));
-        Err(Error::runtime(format!(
-            "torchtpu internal error: {}",
-            msg.unwrap_or_default()
-        )))
+        let msg = p.downcast_ref::<String>().cloned().or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()));
+        Err(Error::runtime(format!("torchtpu internal error: {}", msg.unwrap_or_default())))
     });
     match result {
         Ok(()) => 0,
         Err(e) => {
             let kind = e.kind as i32;
-            LAST_ERROR.with(|l| {
-                *l.borrow_mut() = CString::new(e.message.replace('\0', " ")).unwrap_or_default()
-            });
+            LAST_ERROR.with(|l| *l.borrow_mut() = CString::new(e.message.replace('\0', " ")).unwrap_or_default());
             kind
         }
     }
@@ -76,12 +68,7 @@ pub extern "C" fn tt_last_error() -> *const c_char {
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn tt_storage_new(
-    nbytes: i64,
-    device: i32,
-    storage: *mut *mut c_void,
-    addr: *mut u64,
-) -> i32 {
+pub unsafe extern "C" fn tt_storage_new(nbytes: i64, device: i32, storage: *mut *mut c_void, addr: *mut u64) -> i32 {
     guard(|| {
         let s = Storage::new(device as usize, nbytes, None);
         *addr = s.addr;
@@ -115,9 +102,8 @@ pub unsafe extern "C" fn tt_storage_resize(
 #[no_mangle]
 pub unsafe extern "C" fn tt_storage_assign(dst: *mut c_void, src: *mut c_void) -> i32 {
     guard(|| {
-        let value = Storage::from_handle(src)
-            .value()
-            .ok_or_else(|| Error::runtime("torchtpu: assigning an unset storage"))?;
+        let value =
+            Storage::from_handle(src).value().ok_or_else(|| Error::runtime("torchtpu: assigning an unset storage"))?;
         Storage::from_handle(dst).set(value);
         Ok(())
     })
@@ -134,17 +120,12 @@ pub unsafe extern "C" fn tt_op_register(
     guard(|| {
         let defs: Vec<lower::ArgDef> = std::slice::from_raw_parts(args, nargs.max(0) as usize)
             .iter()
-            .map(|a| lower::ArgDef {
-                name: str_arg(a.name).into(),
-                ty: str_arg(a.ty).into(),
-                is_out: a.is_out != 0,
-            })
+            .map(|a| lower::ArgDef { name: str_arg(a.name).into(), ty: str_arg(a.ty).into(), is_out: a.is_out != 0 })
             .collect();
         // In-place: the first argument is written but is not an out= argument.
         // Dunder names (`__rshift__`) are not in-place forms.
         let name = str_arg(name);
-        let inplace =
-            !defs.iter().any(|a| a.is_out) && name.ends_with('_') && !name.ends_with("__");
+        let inplace = !defs.iter().any(|a| a.is_out) && name.ends_with('_') && !name.ends_with("__");
         *op = lower::register(name, str_arg(overload), defs, inplace).unwrap_or(-1);
         Ok(())
     })
@@ -197,9 +178,7 @@ pub unsafe extern "C" fn tt_op_run(
 pub unsafe extern "C" fn tt_fallback(name: *const c_char) -> i32 {
     let name = str_arg(name);
     if metrics::fallback(name) && std::env::var_os("TORCHTPU_LOG").is_some() {
-        eprintln!(
-            "torchtpu: {name} has no tpu lowering; it runs on the CPU (copied there and back)"
-        );
+        eprintln!("torchtpu: {name} has no tpu lowering; it runs on the CPU (copied there and back)");
     }
     guard(|| trace::flush(Reason::Fallback))
 }

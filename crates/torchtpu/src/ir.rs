@@ -15,10 +15,7 @@ pub struct Ty {
 
 impl Ty {
     pub fn new(dtype: DType, shape: &[i64]) -> Ty {
-        Ty {
-            dtype,
-            shape: shape.to_vec(),
-        }
+        Ty { dtype, shape: shape.to_vec() }
     }
     pub fn numel(&self) -> i64 {
         self.shape.iter().product()
@@ -151,11 +148,7 @@ impl Graph {
 
     /// A constant of `dtype` splat to `shape`.
     pub fn full(&mut self, value: f64, dtype: DType, shape: &[i64]) -> V {
-        let bits = if dtype.is_float() {
-            value.to_bits() as i64
-        } else {
-            value as i64
-        };
+        let bits = if dtype.is_float() { value.to_bits() as i64 } else { value as i64 };
         self.push(Op::Const(bits), vec![], Ty::new(dtype, shape))
     }
 
@@ -216,11 +209,7 @@ impl Graph {
         let t = self.ty(a);
         let shape: Vec<i64> = perm.iter().map(|&p| t.shape[p as usize]).collect();
         let dtype = t.dtype;
-        self.push(
-            Op::Transpose(perm.to_vec()),
-            vec![a],
-            Ty::new(dtype, &shape),
-        )
+        self.push(Op::Transpose(perm.to_vec()), vec![a], Ty::new(dtype, &shape))
     }
 
     pub fn broadcast_in_dim(&mut self, a: V, shape: &[i64], dims: &[i64]) -> V {
@@ -228,11 +217,7 @@ impl Graph {
             return a;
         }
         let dtype = self.ty(a).dtype;
-        self.push(
-            Op::BroadcastInDim(dims.to_vec()),
-            vec![a],
-            Ty::new(dtype, shape),
-        )
+        self.push(Op::BroadcastInDim(dims.to_vec()), vec![a], Ty::new(dtype, shape))
     }
 
     /// NumPy-style broadcast (align trailing dimensions).
@@ -244,21 +229,13 @@ impl Graph {
 
     pub fn slice(&mut self, a: V, start: &[i64], limit: &[i64], stride: &[i64]) -> V {
         let t = self.ty(a);
-        if start.iter().all(|&s| s == 0)
-            && limit == t.shape.as_slice()
-            && stride.iter().all(|&s| s == 1)
-        {
+        if start.iter().all(|&s| s == 0) && limit == t.shape.as_slice() && stride.iter().all(|&s| s == 1) {
             return a;
         }
-        let shape: Vec<i64> = (0..start.len())
-            .map(|i| ((limit[i] - start[i]).max(0) + stride[i] - 1) / stride[i])
-            .collect();
+        let shape: Vec<i64> =
+            (0..start.len()).map(|i| ((limit[i] - start[i]).max(0) + stride[i] - 1) / stride[i]).collect();
         let dtype = t.dtype;
-        let op = Op::Slice {
-            start: start.to_vec(),
-            limit: limit.to_vec(),
-            stride: stride.to_vec(),
-        };
+        let op = Op::Slice { start: start.to_vec(), limit: limit.to_vec(), stride: stride.to_vec() };
         self.push(op, vec![a], Ty::new(dtype, &shape))
     }
 
@@ -281,24 +258,15 @@ impl Graph {
         let mut shape = self.ty(parts[0]).shape.clone();
         shape[dim] = parts.iter().map(|&p| self.ty(p).shape[dim]).sum();
         let dtype = self.ty(parts[0]).dtype;
-        self.push(
-            Op::Concatenate(dim as i64),
-            parts.to_vec(),
-            Ty::new(dtype, &shape),
-        )
+        self.push(Op::Concatenate(dim as i64), parts.to_vec(), Ty::new(dtype, &shape))
     }
 
     pub fn pad(&mut self, a: V, value: V, low: &[i64], high: &[i64], interior: &[i64]) -> V {
         let t = self.ty(a);
-        let shape: Vec<i64> = (0..t.rank())
-            .map(|i| low[i] + high[i] + t.shape[i] + (t.shape[i] - 1).max(0) * interior[i])
-            .collect();
+        let shape: Vec<i64> =
+            (0..t.rank()).map(|i| low[i] + high[i] + t.shape[i] + (t.shape[i] - 1).max(0) * interior[i]).collect();
         let dtype = t.dtype;
-        let op = Op::Pad {
-            low: low.to_vec(),
-            high: high.to_vec(),
-            interior: interior.to_vec(),
-        };
+        let op = Op::Pad { low: low.to_vec(), high: high.to_vec(), interior: interior.to_vec() };
         self.push(op, vec![a, value], Ty::new(dtype, &shape))
     }
 
@@ -313,13 +281,7 @@ impl Graph {
             return a;
         }
         let t = self.ty(a);
-        let shape: Vec<i64> = t
-            .shape
-            .iter()
-            .enumerate()
-            .filter(|(i, _)| !dims.contains(i))
-            .map(|(_, &s)| s)
-            .collect();
+        let shape: Vec<i64> = t.shape.iter().enumerate().filter(|(i, _)| !dims.contains(i)).map(|(_, &s)| s).collect();
         let dtype = t.dtype;
         let dims = dims.iter().map(|&d| d as i64).collect();
         self.push(Op::Reduce { kind, dims }, vec![a], Ty::new(dtype, &shape))
@@ -329,14 +291,7 @@ impl Graph {
     pub fn arg_reduce(&mut self, a: V, dim: usize, max: bool) -> V {
         let mut shape = self.ty(a).shape.clone();
         shape.remove(dim);
-        self.push(
-            Op::ArgReduce {
-                max,
-                dim: dim as i64,
-            },
-            vec![a],
-            Ty::new(DType::I64, &shape),
-        )
+        self.push(Op::ArgReduce { max, dim: dim as i64 }, vec![a], Ty::new(DType::I64, &shape))
     }
 
     /// Batched matmul: lhs [b.., m, k] · rhs [b.., k, n] -> [b.., m, n].
@@ -364,25 +319,14 @@ impl Graph {
         shape.extend(&self.ty(indices).shape);
         shape.extend(&t.shape[axis + 1..]);
         let dtype = t.dtype;
-        self.push(
-            Op::Take { axis: axis as i64 },
-            vec![a, indices],
-            Ty::new(dtype, &shape),
-        )
+        self.push(Op::Take { axis: axis as i64 }, vec![a, indices], Ty::new(dtype, &shape))
     }
 
     /// The inverse of `take`: scatters `updates` (shape as `take` would
     /// produce) into `a` at `indices` along `axis`, adding or overwriting.
     pub fn put(&mut self, a: V, indices: V, updates: V, axis: usize, accumulate: bool) -> V {
         let ty = self.ty(a).clone();
-        self.push(
-            Op::Put {
-                axis: axis as i64,
-                accumulate,
-            },
-            vec![a, indices, updates],
-            ty,
-        )
+        self.push(Op::Put { axis: axis as i64, accumulate }, vec![a, indices, updates], ty)
     }
 
     /// Uniformly random bits of `dtype` (u32 or u64 shaped) from a u64[2] key.

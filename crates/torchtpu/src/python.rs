@@ -1,8 +1,6 @@
 //! The `torchtpu._C` Python module: configuration, modes and diagnostics.
 //! Per-op work never passes through here (it goes adapter -> `ffi`).
-use pyo3::exceptions::{
-    PyIndexError, PyNotImplementedError, PyRuntimeError, PyTypeError, PyValueError,
-};
+use pyo3::exceptions::{PyIndexError, PyNotImplementedError, PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
@@ -36,11 +34,7 @@ fn device_count() -> usize {
 #[pyfunction]
 fn init() -> PyResult<String> {
     let rt = runtime::get().map_err(py_err)?;
-    Ok(format!(
-        "{} ({})",
-        rt.client.platform_name(),
-        rt.plugin.display()
-    ))
+    Ok(format!("{} ({})", rt.client.platform_name(), rt.plugin.display()))
 }
 
 #[pyfunction]
@@ -81,14 +75,8 @@ fn metrics(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     d.set_item("live_storages", storages)?;
     d.set_item("live_buffers", buffers)?;
     d.set_item("cached_scalars", exec::cached_scalars())?;
-    d.set_item(
-        "flushes",
-        METRICS.flushes.lock().unwrap().clone().into_pyobject(py)?,
-    )?;
-    d.set_item(
-        "recompile_reasons",
-        METRICS.recompile_reasons.lock().unwrap().clone(),
-    )?;
+    d.set_item("flushes", METRICS.flushes.lock().unwrap().clone().into_pyobject(py)?)?;
+    d.set_item("recompile_reasons", METRICS.recompile_reasons.lock().unwrap().clone())?;
     d.set_item("ops_pending", trace::recorded())?;
     Ok(d)
 }

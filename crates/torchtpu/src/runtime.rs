@@ -21,19 +21,13 @@ struct Config {
     cpu_device_count: Option<i64>,
 }
 
-static CONFIG: Mutex<Config> = Mutex::new(Config {
-    plugin: None,
-    cpu_device_count: None,
-});
+static CONFIG: Mutex<Config> = Mutex::new(Config { plugin: None, cpu_device_count: None });
 static RUNTIME: OnceLock<std::result::Result<Runtime, String>> = OnceLock::new();
 
 /// Sets the plugin (and, for the CPU plugin, how many devices it exposes);
 /// takes effect if the runtime has not started yet.
 pub fn configure(plugin: PathBuf, cpu_device_count: Option<i64>) -> bool {
-    *CONFIG.lock().unwrap() = Config {
-        plugin: Some(plugin),
-        cpu_device_count,
-    };
+    *CONFIG.lock().unwrap() = Config { plugin: Some(plugin), cpu_device_count };
     RUNTIME.get().is_none()
 }
 
@@ -47,44 +41,26 @@ fn start() -> std::result::Result<Runtime, String> {
     let hint = "Install the pinned plugin (pip install xla-cpu-pjrt==0.0.1) or point \
                 TORCHTPU_PJRT_PLUGIN at a PJRT plugin .so";
     let api = pjrt::load_plugin(&plugin).map_err(|e| format!("torchtpu: {e}. {hint}"))?;
-    let options: Vec<(&str, pjrt::NamedValue)> = config
-        .cpu_device_count
-        .map(|n| ("cpu_device_count", pjrt::NamedValue::Int64(n)))
-        .into_iter()
-        .collect();
-    let client = pjrt::Client::new(api, &options).map_err(|e| {
-        format!(
-            "torchtpu: creating a PJRT client of {}: {e}",
-            plugin.display()
-        )
-    })?;
-    Ok(Runtime {
-        client,
-        plugin,
-        devices: OnceLock::new(),
-    })
+    let options: Vec<(&str, pjrt::NamedValue)> =
+        config.cpu_device_count.map(|n| ("cpu_device_count", pjrt::NamedValue::Int64(n))).into_iter().collect();
+    let client = pjrt::Client::new(api, &options)
+        .map_err(|e| format!("torchtpu: creating a PJRT client of {}: {e}", plugin.display()))?;
+    Ok(Runtime { client, plugin, devices: OnceLock::new() })
 }
 
 pub fn get() -> Result<&'static Runtime> {
-    RUNTIME
-        .get_or_init(start)
-        .as_ref()
-        .map_err(|e| Error::runtime(e.clone()))
+    RUNTIME.get_or_init(start).as_ref().map_err(|e| Error::runtime(e.clone()))
 }
 
 impl Runtime {
     fn devices(&'static self) -> &'static [pjrt::Device<'static>] {
-        self.devices
-            .get_or_init(|| self.client.addressable_devices())
+        self.devices.get_or_init(|| self.client.addressable_devices())
     }
 
     pub fn device(&'static self, index: usize) -> Result<pjrt::Device<'static>> {
         let devices = self.devices();
         devices.get(index).copied().ok_or_else(|| {
-            Error::runtime(format!(
-                "Invalid device index {index}: torchtpu has {} device(s)",
-                devices.len()
-            ))
+            Error::runtime(format!("Invalid device index {index}: torchtpu has {} device(s)", devices.len()))
         })
     }
 

@@ -62,11 +62,10 @@ impl Value {
     pub fn buffer(&self) -> Option<Result<Arc<DeviceBuffer>>> {
         match self {
             Value::Ready(b) => Some(Ok(b.clone())),
-            Value::Pending(p) => p.result.get().map(|r| {
-                r.clone().map_err(|e| {
-                    Error::runtime(format!("torchtpu: this tensor's value was lost: {e}"))
-                })
-            }),
+            Value::Pending(p) => p
+                .result
+                .get()
+                .map(|r| r.clone().map_err(|e| Error::runtime(format!("torchtpu: this tensor's value was lost: {e}")))),
         }
     }
 }
@@ -83,12 +82,7 @@ impl Storage {
         LIVE_STORAGES.fetch_add(1, Ordering::Relaxed);
         let span = (nbytes.max(1) as u64).div_ceil(64) * 64;
         let addr = NEXT_ADDR.fetch_add(span, Ordering::Relaxed);
-        Arc::new(Storage {
-            device,
-            nbytes,
-            addr,
-            value: Mutex::new(value),
-        })
+        Arc::new(Storage { device, nbytes, addr, value: Mutex::new(value) })
     }
 
     pub fn value(&self) -> Option<Value> {
@@ -135,8 +129,5 @@ impl Drop for Storage {
 
 /// (live storages, live device buffers): what leak tests watch.
 pub fn live_counts() -> (i64, i64) {
-    (
-        LIVE_STORAGES.load(Ordering::Relaxed),
-        LIVE_BUFFERS.load(Ordering::Relaxed),
-    )
+    (LIVE_STORAGES.load(Ordering::Relaxed), LIVE_BUFFERS.load(Ordering::Relaxed))
 }

@@ -117,12 +117,7 @@ static LAUNCHED_CHECKS: Mutex<Vec<(Arc<DeviceBuffer>, Option<Arc<DeviceBuffer>>,
 /// Nodes after which a trace is flushed, bounding compile time and memory.
 fn size_limit() -> usize {
     static LIMIT: OnceLock<usize> = OnceLock::new();
-    *LIMIT.get_or_init(|| {
-        std::env::var("TORCHTPU_FUSE_LIMIT")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(40_000)
-    })
+    *LIMIT.get_or_init(|| std::env::var("TORCHTPU_FUSE_LIMIT").ok().and_then(|v| v.parse().ok()).unwrap_or(40_000))
 }
 
 fn logging() -> bool {
@@ -145,17 +140,14 @@ impl Trace {
             return Ok(self.param(exec::input(input, args, device)?));
         };
         let storage = exec::tensor_at(args, arg, item)?.storage;
-        let value = storage
-            .and_then(|s| s.value())
-            .ok_or_else(|| Error::runtime("torchtpu: a storage lost its value"))?;
+        let value =
+            storage.and_then(|s| s.value()).ok_or_else(|| Error::runtime("torchtpu: a storage lost its value"))?;
         match value {
             Value::Pending(p) if p.epoch == self.epoch && p.result.get().is_none() => Ok(p.node),
             value => {
-                let buf = value.buffer().unwrap_or_else(|| {
-                    Err(Error::runtime(
-                        "torchtpu: a value of an earlier trace was lost",
-                    ))
-                })?;
+                let buf = value
+                    .buffer()
+                    .unwrap_or_else(|| Err(Error::runtime("torchtpu: a value of an earlier trace was lost")))?;
                 let key = Arc::as_ptr(&buf) as usize;
                 if let Some(&v) = self.param_of.get(&key) {
                     return Ok(v);
@@ -173,10 +165,7 @@ pub fn record(plan: &Arc<Plan>, args: &[Arg], device: usize) -> Result<Vec<Value
     // Before locking: this takes the GIL, which an op's caller may hold.
     let source = if logging() { source_line() } else { None };
     let mut guard = TRACE.lock().unwrap();
-    if guard
-        .as_ref()
-        .is_some_and(|t| t.device != device && !t.records.is_empty())
-    {
+    if guard.as_ref().is_some_and(|t| t.device != device && !t.records.is_empty()) {
         flush_locked(&mut guard, Reason::Device)?;
     }
     let t = guard.get_or_insert_with(Trace::default);
@@ -199,12 +188,7 @@ pub fn record(plan: &Arc<Plan>, args: &[Arg], device: usize) -> Result<Vec<Value
         .iter()
         .zip(&g.outputs)
         .map(|(ty, &out)| {
-            let p = Arc::new(Pending {
-                epoch,
-                node: map[out],
-                ty: ty.clone(),
-                result: OnceLock::new(),
-            });
+            let p = Arc::new(Pending { epoch, node: map[out], ty: ty.clone(), result: OnceLock::new() });
             t.pending.push(Arc::downgrade(&p));
             Value::Pending(p)
         })
@@ -212,17 +196,9 @@ pub fn record(plan: &Arc<Plan>, args: &[Arg], device: usize) -> Result<Vec<Value
     for c in &plan.checks {
         let flag = map[g.outputs[c.flag]];
         let value = c.value.map(|v| map[g.outputs[v]]);
-        t.checks.push(Check {
-            flag,
-            value,
-            kind: c.kind,
-            message: c.message.clone(),
-        });
+        t.checks.push(Check { flag, value, kind: c.kind, message: c.message.clone() });
     }
-    t.records.push(Record {
-        plan: plan.clone(),
-        source,
-    });
+    t.records.push(Record { plan: plan.clone(), source });
     if t.graph.nodes.len() > size_limit() {
         flush_locked(&mut guard, Reason::Size)?;
     }
@@ -241,17 +217,9 @@ fn flush_locked(slot: &mut Option<Trace>, reason: Reason) -> Result<()> {
     if t.records.is_empty() {
         return Ok(());
     }
-    let next = Trace {
-        epoch: t.epoch + 1,
-        ..Trace::default()
-    };
+    let next = Trace { epoch: t.epoch + 1, ..Trace::default() };
     let trace = std::mem::replace(t, next);
-    *METRICS
-        .flushes
-        .lock()
-        .unwrap()
-        .entry(reason.name())
-        .or_insert(0) += 1;
+    *METRICS.flushes.lock().unwrap().entry(reason.name()).or_insert(0) += 1;
     let live: Vec<Arc<Pending>> = trace.pending.iter().filter_map(Weak::upgrade).collect();
     let result = run(trace, &live);
     if let Err(e) = &result {
@@ -281,12 +249,8 @@ enum Source {
 fn lower_trace(trace: &Trace, live: &[Arc<Pending>]) -> Lowered {
     let nodes = &trace.graph.nodes;
     let mut used = vec![false; nodes.len()];
-    let roots = live.iter().map(|p| p.node).chain(
-        trace
-            .checks
-            .iter()
-            .flat_map(|c| std::iter::once(c.flag).chain(c.value)),
-    );
+    let roots =
+        live.iter().map(|p| p.node).chain(trace.checks.iter().flat_map(|c| std::iter::once(c.flag).chain(c.value)));
     for v in roots {
         used[v] = true;
     }
@@ -306,11 +270,7 @@ fn lower_trace(trace: &Trace, live: &[Arc<Pending>]) -> Lowered {
                 params.push(n);
                 g.param(node.ty.clone())
             }
-            _ => g.push(
-                node.op.clone(),
-                node.args.iter().map(|&a| map[a]).collect(),
-                node.ty.clone(),
-            ),
+            _ => g.push(node.op.clone(), node.args.iter().map(|&a| map[a]).collect(), node.ty.clone()),
         };
     }
     let output = |g: &mut Graph, v: V| {
@@ -327,40 +287,24 @@ fn lower_trace(trace: &Trace, live: &[Arc<Pending>]) -> Lowered {
     let checks = trace
         .checks
         .iter()
-        .map(|c| {
-            (
-                output(&mut g, c.flag),
-                c.value.map(|v| output(&mut g, v)),
-                c.kind,
-                c.message.clone(),
-            )
-        })
+        .map(|c| (output(&mut g, c.flag), c.value.map(|v| output(&mut g, v)), c.kind, c.message.clone()))
         .collect();
     // Donate parameters nobody else holds (nor will: passed through) to an
     // output of the same type.
     g.donors = vec![None; params.len()];
     let mut taken = vec![false; g.outputs.len()];
     for (k, &n) in params.iter().enumerate() {
-        let passed = sources
-            .iter()
-            .any(|s| matches!(s, Source::Param(m) if *m == n));
+        let passed = sources.iter().any(|s| matches!(s, Source::Param(m) if *m == n));
         if passed || Arc::strong_count(&trace.params[n]) != 1 {
             continue;
         }
         let ty = &g.params[k];
-        if let Some(o) =
-            (0..g.outputs.len()).find(|&o| !taken[o] && g.nodes[g.outputs[o]].ty == *ty)
-        {
+        if let Some(o) = (0..g.outputs.len()).find(|&o| !taken[o] && g.nodes[g.outputs[o]].ty == *ty) {
             taken[o] = true;
             g.donors[k] = Some(o);
         }
     }
-    Lowered {
-        graph: g,
-        params,
-        sources,
-        checks,
-    }
+    Lowered { graph: g, params, sources, checks }
 }
 
 /// Compiled fused programs by the structure of their graph, and what each
@@ -390,11 +334,8 @@ fn program(trace: &Trace, g: &Graph) -> Result<Arc<Program>> {
         return Ok(p.clone());
     }
     bump(&METRICS.fused_misses);
-    let ops: Vec<(Arc<Plan>, Option<String>)> = trace
-        .records
-        .iter()
-        .map(|r| (r.plan.clone(), r.source.clone()))
-        .collect();
+    let ops: Vec<(Arc<Plan>, Option<String>)> =
+        trace.records.iter().map(|r| (r.plan.clone(), r.source.clone())).collect();
     if !programs.history.is_empty() {
         let why = explain(&ops, &programs.history);
         let mut reasons = METRICS.recompile_reasons.lock().unwrap();
@@ -403,11 +344,7 @@ fn program(trace: &Trace, g: &Graph) -> Result<Arc<Program>> {
         }
         reasons.push(why.clone());
         if logging() {
-            eprintln!(
-                "torchtpu: new fused program ({} ops, {} nodes): {why}",
-                ops.len(),
-                g.nodes.len()
-            );
+            eprintln!("torchtpu: new fused program ({} ops, {} nodes): {why}", ops.len(), g.nodes.len());
         }
     }
     let p = cache::compile(g, "fused program")?;
@@ -421,26 +358,13 @@ fn program(trace: &Trace, g: &Graph) -> Result<Arc<Program>> {
 
 /// Why `ops` missed the cache: its first difference from the nearest
 /// program compiled before (the one sharing the longest prefix of ops).
-fn explain(
-    ops: &[(Arc<Plan>, Option<String>)],
-    history: &[Vec<(Arc<Plan>, Option<String>)>],
-) -> String {
-    let prefix = |h: &[(Arc<Plan>, Option<String>)]| {
-        ops.iter()
-            .zip(h)
-            .take_while(|(a, b)| Arc::ptr_eq(&a.0, &b.0))
-            .count()
-    };
-    let nearest = history
-        .iter()
-        .max_by_key(|h| prefix(h))
-        .expect("a compiled program");
+fn explain(ops: &[(Arc<Plan>, Option<String>)], history: &[Vec<(Arc<Plan>, Option<String>)>]) -> String {
+    let prefix =
+        |h: &[(Arc<Plan>, Option<String>)]| ops.iter().zip(h).take_while(|(a, b)| Arc::ptr_eq(&a.0, &b.0)).count();
+    let nearest = history.iter().max_by_key(|h| prefix(h)).expect("a compiled program");
     let i = prefix(nearest);
     let at = |src: &Option<String>| {
-        src.as_ref().map_or(
-            String::from(" (set TORCHTPU_LOG=1 for source lines)"),
-            |s| format!(" at {s}"),
-        )
+        src.as_ref().map_or(String::from(" (set TORCHTPU_LOG=1 for source lines)"), |s| format!(" at {s}"))
     };
     match (ops.get(i), nearest.get(i)) {
         (Some((mine, src)), Some((theirs, _))) => format!(
@@ -476,15 +400,9 @@ fn run(trace: Trace, live: &[Arc<Pending>]) -> Result<()> {
     }
     let program = program(&trace, &lowered.graph)?;
     let rt = runtime::get()?;
-    let args: Vec<&pjrt::Buffer> = lowered
-        .params
-        .iter()
-        .map(|&n| &trace.params[n].buf)
-        .collect();
-    let kept: Vec<i64> = (0..args.len())
-        .filter(|&k| lowered.graph.donors[k].is_none())
-        .map(|k| k as i64)
-        .collect();
+    let args: Vec<&pjrt::Buffer> = lowered.params.iter().map(|&n| &trace.params[n].buf).collect();
+    let kept: Vec<i64> = (0..args.len()).filter(|&k| lowered.graph.donors[k].is_none()).map(|k| k as i64).collect();
+    add(&METRICS.donated, (args.len() - kept.len()) as u64);
     let start = Instant::now();
     let raw = program
         .exe
@@ -505,12 +423,7 @@ fn run(trace: Trace, live: &[Arc<Pending>]) -> Result<()> {
     }
     let mut checks = LAUNCHED_CHECKS.lock().unwrap();
     for (flag, value, kind, message) in lowered.checks {
-        checks.push((
-            outs[flag].clone(),
-            value.map(|v| outs[v].clone()),
-            kind,
-            message,
-        ));
+        checks.push((outs[flag].clone(), value.map(|v| outs[v].clone()), kind, message));
     }
     // A loop that never reads a value still learns of a failed check, and
     // the list stays short.
@@ -528,15 +441,9 @@ pub fn verify_checks() -> Result<()> {
 /// Verifies the checks whose programs have finished (all of them if `wait`).
 fn verify(wait: bool) -> Result<()> {
     let mut launched = LAUNCHED_CHECKS.lock().unwrap();
-    let (checks, later): (Vec<_>, Vec<_>) =
-        std::mem::take(&mut *launched).into_iter().partition(|c| {
-            wait || c
-                .0
-                .buf
-                .ready_event()
-                .and_then(|e| e.is_ready())
-                .unwrap_or(true)
-        });
+    let (checks, later): (Vec<_>, Vec<_>) = std::mem::take(&mut *launched)
+        .into_iter()
+        .partition(|c| wait || c.0.buf.ready_event().and_then(|e| e.is_ready()).unwrap_or(true));
     *launched = later;
     drop(launched);
     for (flag, value, kind, message) in checks {
@@ -555,22 +462,14 @@ fn verify(wait: bool) -> Result<()> {
 
 /// Ops recorded and not yet flushed.
 pub fn recorded() -> usize {
-    TRACE
-        .lock()
-        .unwrap()
-        .as_ref()
-        .map_or(0, |t| t.records.len())
+    TRACE.lock().unwrap().as_ref().map_or(0, |t| t.records.len())
 }
 
 /// `file.py:42` of the innermost Python frame outside torch and torchtpu.
 fn source_line() -> Option<String> {
     use pyo3::prelude::*;
     Python::attach(|py| {
-        let mut frame = py
-            .import("sys")
-            .ok()?
-            .call_method1("_getframe", (0,))
-            .ok()?;
+        let mut frame = py.import("sys").ok()?.call_method1("_getframe", (0,)).ok()?;
         loop {
             let code = frame.getattr("f_code").ok()?;
             let file: String = code.getattr("co_filename").ok()?.extract().ok()?;

@@ -80,9 +80,7 @@ pub fn read(g: &mut Graph, base: V, view: &View) -> V {
         return g.reshape(base, view.sizes);
     }
     // Dimensions that move through memory, outermost first.
-    let mut dims: Vec<usize> = (0..view.sizes.len())
-        .filter(|&d| view.sizes[d] > 1 && view.strides[d] != 0)
-        .collect();
+    let mut dims: Vec<usize> = (0..view.sizes.len()).filter(|&d| view.sizes[d] > 1 && view.strides[d] != 0).collect();
     dims.sort_by_key(|&d| std::cmp::Reverse(view.strides[d]));
     let boxed = dims.windows(2).all(|w| {
         let (outer, inner) = (view.strides[w[0]], view.strides[w[1]]);
@@ -121,10 +119,7 @@ pub fn read(g: &mut Graph, base: V, view: &View) -> V {
     // Back to the view's dimension order, then broadcast over the rest.
     let mut order: Vec<usize> = dims.clone();
     order.sort();
-    let perm: Vec<i64> = order
-        .iter()
-        .map(|d| dims.iter().position(|x| x == d).unwrap() as i64)
-        .collect();
+    let perm: Vec<i64> = order.iter().map(|d| dims.iter().position(|x| x == d).unwrap() as i64).collect();
     let t = g.transpose(cut, &perm);
     let bdims: Vec<i64> = order.iter().map(|&d| d as i64).collect();
     g.broadcast_in_dim(t, view.sizes, &bdims)
@@ -163,26 +158,11 @@ mod tests {
 
     #[test]
     fn contiguity() {
-        let v = View {
-            sizes: &[2, 3],
-            strides: &[3, 1],
-            offset: 0,
-            dtype: DType::F32,
-        };
+        let v = View { sizes: &[2, 3], strides: &[3, 1], offset: 0, dtype: DType::F32 };
         assert!(v.is_whole(6));
-        let t = View {
-            sizes: &[3, 2],
-            strides: &[1, 3],
-            offset: 0,
-            dtype: DType::F32,
-        };
+        let t = View { sizes: &[3, 2], strides: &[1, 3], offset: 0, dtype: DType::F32 };
         assert!(!t.is_contiguous());
-        let s = View {
-            sizes: &[1, 3],
-            strides: &[99, 1],
-            offset: 3,
-            dtype: DType::F32,
-        };
+        let s = View { sizes: &[1, 3], strides: &[99, 1], offset: 3, dtype: DType::F32 };
         assert!(s.is_contiguous() && !s.is_whole(6));
     }
 }

@@ -43,31 +43,15 @@ pub static ENTRIES: &[Entry] = &[
     op("__ilshift__", |cx| shift(cx, true)),
     op("__irshift__", |cx| shift(cx, false)),
     op("neg", neg),
-    op("abs", |cx| {
-        same_unary(cx, "stablehlo.abs", not_implemented("abs_cpu", DType::Bool))
-    }),
+    op("abs", |cx| same_unary(cx, "stablehlo.abs", not_implemented("abs_cpu", DType::Bool))),
     op("sign", sign),
     op("sgn", sign),
-    op("floor", |cx| {
-        same_unary(
-            cx,
-            "stablehlo.floor",
-            not_implemented("floor_vml_cpu", DType::Bool),
-        )
-    }),
-    op("ceil", |cx| {
-        same_unary(
-            cx,
-            "stablehlo.ceil",
-            not_implemented("ceil_vml_cpu", DType::Bool),
-        )
-    }),
+    op("floor", |cx| same_unary(cx, "stablehlo.floor", not_implemented("floor_vml_cpu", DType::Bool))),
+    op("ceil", |cx| same_unary(cx, "stablehlo.ceil", not_implemented("ceil_vml_cpu", DType::Bool))),
     op("round", round),
     op("trunc", trunc),
     op("exp", |cx| float_unary(cx, "stablehlo.exponential")),
-    op("expm1", |cx| {
-        float_unary(cx, "stablehlo.exponential_minus_one")
-    }),
+    op("expm1", |cx| float_unary(cx, "stablehlo.exponential_minus_one")),
     op("log", |cx| float_unary(cx, "stablehlo.log")),
     op("log1p", |cx| float_unary(cx, "stablehlo.log_plus_one")),
     op("log2", |cx| log_base(cx, std::f64::consts::LN_2)),
@@ -134,10 +118,7 @@ fn unsigned(dtype: DType) -> bool {
 
 /// CPU's error for a kernel without a version for `dtype`.
 pub(super) fn not_implemented(kernel: &str, dtype: DType) -> Error {
-    Error::not_implemented(format!(
-        "\"{kernel}\" not implemented for '{}'",
-        dtype.torch_name()
-    ))
+    Error::not_implemented(format!("\"{kernel}\" not implemented for '{}'", dtype.torch_name()))
 }
 
 /// `not_implemented` for bool, which `kernel` lacks.
@@ -223,19 +204,11 @@ fn add_sub(cx: &mut Cx, name: &'static str) -> Result<Vec<V>> {
     let mut other = v[1];
     if cx.has("alpha") {
         if let Some(alpha) = cx.scalar_like("alpha", opmath(dtype), &shape)? {
-            let mul = if dtype == DType::Bool {
-                "stablehlo.and"
-            } else {
-                "stablehlo.multiply"
-            };
+            let mul = if dtype == DType::Bool { "stablehlo.and" } else { "stablehlo.multiply" };
             other = cx.g.binary(mul, other, alpha);
         }
     }
-    let name = if dtype == DType::Bool {
-        "stablehlo.or"
-    } else {
-        name
-    };
+    let name = if dtype == DType::Bool { "stablehlo.or" } else { name };
     let r = cx.g.binary(name, v[0], other);
     finish(cx, r, dtype)
 }
@@ -254,11 +227,8 @@ fn rsub(cx: &mut Cx) -> Result<Vec<V>> {
 }
 
 fn div(cx: &mut Cx) -> Result<Vec<V>> {
-    let mode = if cx.has("rounding_mode") && !cx.is_none("rounding_mode") {
-        Some(cx.str("rounding_mode")?)
-    } else {
-        None
-    };
+    let mode =
+        if cx.has("rounding_mode") && !cx.is_none("rounding_mode") { Some(cx.str("rounding_mode")?) } else { None };
     divide(cx, mode)
 }
 
@@ -266,20 +236,13 @@ fn div(cx: &mut Cx) -> Result<Vec<V>> {
 fn divide(cx: &mut Cx, mode: Option<&str>) -> Result<Vec<V>> {
     let ops = [cx.operand("self")?, cx.operand("other")?];
     let common = cx.result_type(&ops);
-    let dtype = if mode.is_none() && !common.is_float() {
-        DEFAULT_FLOAT
-    } else {
-        common
-    };
+    let dtype = if mode.is_none() && !common.is_float() { DEFAULT_FLOAT } else { common };
     let v = cx.promote_to(&ops, opmath(dtype))?;
     let (a, b) = (v[0], v[1]);
     let r = match (mode, dtype) {
         (None, _) => cx.g.binary("stablehlo.divide", a, b),
         (Some("trunc" | "floor"), DType::Bool) => {
-            return Err(not_implemented(
-                &format!("div_{}_cpu", mode.unwrap_or_default()),
-                dtype,
-            ))
+            return Err(not_implemented(&format!("div_{}_cpu", mode.unwrap_or_default()), dtype))
         }
         (Some("trunc"), _) if dtype.is_float() => {
             // The CPU kernel truncates the quotient rounded to the dtype.
@@ -290,9 +253,11 @@ fn divide(cx: &mut Cx, mode: Option<&str>) -> Result<Vec<V>> {
         (Some("trunc"), _) => div_rem(cx, "stablehlo.divide", a, b),
         (Some("floor"), _) if dtype.is_float() => floor_div_float(cx, a, b, dtype),
         (Some("floor"), _) => floor_div_int(cx, a, b),
-        (Some(other), _) => return Err(Error::runtime(format!(
-            "div expected rounding_mode to be one of None, 'trunc', or 'floor' but found '{other}'"
-        ))),
+        (Some(other), _) => {
+            return Err(Error::runtime(format!(
+                "div expected rounding_mode to be one of None, 'trunc', or 'floor' but found '{other}'"
+            )))
+        }
     };
     finish(cx, r, dtype)
 }
@@ -301,11 +266,7 @@ fn divide(cx: &mut Cx, mode: Option<&str>) -> Result<Vec<V>> {
 /// where floor(a / b) would round wrongly. Every step is rounded to
 /// `dtype`, as the float16/bfloat16 CPU kernels do.
 fn floor_div_float(cx: &mut Cx, a: V, b: V, dtype: DType) -> V {
-    let (zero, one, half) = (
-        full_like(cx, 0.0, a),
-        full_like(cx, 1.0, a),
-        full_like(cx, 0.5, a),
-    );
+    let (zero, one, half) = (full_like(cx, 0.0, a), full_like(cx, 1.0, a), full_like(cx, 0.5, a));
     let m = cx.g.binary("stablehlo.remainder", a, b);
     let m = round_to(cx, m, dtype);
     let exact = cx.g.binary("stablehlo.subtract", a, m);
@@ -410,11 +371,7 @@ fn remainder(cx: &mut Cx) -> Result<Vec<V>> {
 fn pow(cx: &mut Cx) -> Result<Vec<V>> {
     let (v, dtype) = promoted(cx, &["self", "exponent"])?;
     no_bool(dtype, "pow")?;
-    let r = if dtype.is_float() {
-        cx.g.binary("stablehlo.power", v[0], v[1])
-    } else {
-        int_pow(cx, v[0], v[1])
-    };
+    let r = if dtype.is_float() { cx.g.binary("stablehlo.power", v[0], v[1]) } else { int_pow(cx, v[0], v[1]) };
     finish(cx, r, dtype)
 }
 
@@ -453,11 +410,7 @@ fn int_pow(cx: &mut Cx, base: V, exp: V) -> V {
 fn float_binary(cx: &mut Cx, name: &'static str) -> Result<Vec<V>> {
     let ops = [cx.operand("self")?, cx.operand("other")?];
     let common = cx.result_type(&ops);
-    let dtype = if common.is_float() {
-        common
-    } else {
-        DEFAULT_FLOAT
-    };
+    let dtype = if common.is_float() { common } else { DEFAULT_FLOAT };
     let v = cx.promote_to(&ops, opmath(dtype))?;
     let r = cx.g.binary(name, v[0], v[1]);
     finish(cx, r, dtype)
@@ -558,11 +511,7 @@ fn same_unary(cx: &mut Cx, name: &'static str, bool_error: Error) -> Result<Vec<
 /// Unary math: integer inputs produce the default float dtype.
 pub fn float_unary(cx: &mut Cx, name: &'static str) -> Result<Vec<V>> {
     let t = cx.meta("self")?;
-    let dtype = if t.dtype.is_float() {
-        t.dtype
-    } else {
-        DEFAULT_FLOAT
-    };
+    let dtype = if t.dtype.is_float() { t.dtype } else { DEFAULT_FLOAT };
     let x = cx.tensor("self")?;
     let x = cx.g.convert(x, opmath(dtype));
     let r = cx.g.unary(name, x);
@@ -571,11 +520,7 @@ pub fn float_unary(cx: &mut Cx, name: &'static str) -> Result<Vec<V>> {
 
 fn log_base(cx: &mut Cx, ln_base: f64) -> Result<Vec<V>> {
     let t = cx.meta("self")?;
-    let dtype = if t.dtype.is_float() {
-        t.dtype
-    } else {
-        DEFAULT_FLOAT
-    };
+    let dtype = if t.dtype.is_float() { t.dtype } else { DEFAULT_FLOAT };
     let x = cx.tensor("self")?;
     let x = cx.g.convert(x, opmath(dtype));
     let l = cx.g.unary("stablehlo.log", x);
@@ -587,11 +532,7 @@ fn log_base(cx: &mut Cx, ln_base: f64) -> Result<Vec<V>> {
 
 fn reciprocal(cx: &mut Cx) -> Result<Vec<V>> {
     let t = cx.meta("self")?;
-    let dtype = if t.dtype.is_float() {
-        t.dtype
-    } else {
-        DEFAULT_FLOAT
-    };
+    let dtype = if t.dtype.is_float() { t.dtype } else { DEFAULT_FLOAT };
     let x = cx.tensor("self")?;
     let x = cx.g.convert(x, opmath(dtype));
     let one = cx.g.full(1.0, opmath(dtype), t.sizes);
@@ -638,11 +579,7 @@ fn trunc(cx: &mut Cx) -> Result<Vec<V>> {
 
 fn round(cx: &mut Cx) -> Result<Vec<V>> {
     let t = cx.meta("self")?;
-    let decimals = if cx.has("decimals") {
-        Some(cx.int("decimals")?)
-    } else {
-        None
-    };
+    let decimals = if cx.has("decimals") { Some(cx.int("decimals")?) } else { None };
     // Integers round to themselves, unless `decimals` is given.
     match (t.dtype, decimals) {
         (DType::Bool, None) | (_, Some(0)) if !t.dtype.is_float() => {
@@ -661,8 +598,7 @@ fn round(cx: &mut Cx) -> Result<Vec<V>> {
         cx.g.unary("stablehlo.round_nearest_even", x)
     } else {
         let ty = cx.g.ty(x).clone();
-        let scale =
-            cx.g.full(10f64.powi(decimals.abs() as i32), ty.dtype, &ty.shape);
+        let scale = cx.g.full(10f64.powi(decimals.abs() as i32), ty.dtype, &ty.shape);
         let (up, down) = if decimals > 0 {
             ("stablehlo.multiply", "stablehlo.divide")
         } else {
@@ -682,34 +618,23 @@ fn where_(cx: &mut Cx) -> Result<Vec<V>> {
     let shapes = [cx.g.ty(cond).shape.clone(), cx.g.ty(v[0]).shape.clone()];
     let shape = crate::ir::broadcast_all(&[&shapes[0], &shapes[1]])?;
     let c = cx.g.broadcast_to(cond, &shape);
-    let (a, b) = (
-        cx.g.broadcast_to(v[0], &shape),
-        cx.g.broadcast_to(v[1], &shape),
-    );
+    let (a, b) = (cx.g.broadcast_to(v[0], &shape), cx.g.broadcast_to(v[1], &shape));
     let r = cx.g.select(c, a, b);
     finish(cx, r, dtype)
 }
 
 /// clamp, clamp_min and clamp_max (scalar or tensor bounds).
 fn clamp(cx: &mut Cx) -> Result<Vec<V>> {
-    let bounds: Vec<&str> = ["min", "max"]
-        .into_iter()
-        .filter(|n| cx.has(n) && !cx.is_none(n))
-        .collect();
+    let bounds: Vec<&str> = ["min", "max"].into_iter().filter(|n| cx.has(n) && !cx.is_none(n)).collect();
     if bounds.is_empty() {
-        return Err(Error::runtime(
-            "torch.clamp: At least one of 'min' or 'max' must not be None",
-        ));
+        return Err(Error::runtime("torch.clamp: At least one of 'min' or 'max' must not be None"));
     }
     let mut names = vec!["self"];
     names.extend(&bounds);
     let (v, dtype) = promoted(cx, &names)?;
     // Bool has kernels for a single tensor bound only (maximum/minimum).
     if dtype == DType::Bool {
-        let tensors = bounds
-            .iter()
-            .filter(|b| matches!(cx.arg(b), Ok(Arg::Tensor(_))))
-            .count();
+        let tensors = bounds.iter().filter(|b| matches!(cx.arg(b), Ok(Arg::Tensor(_)))).count();
         let kernel = match (tensors, bounds.as_slice()) {
             (1, [_]) => None,
             (0, [_, _]) => Some("clamp_scalar_cpu"),
@@ -723,11 +648,7 @@ fn clamp(cx: &mut Cx) -> Result<Vec<V>> {
     }
     let mut r = v[0];
     for (i, b) in bounds.iter().enumerate() {
-        let op = if *b == "min" {
-            "stablehlo.maximum"
-        } else {
-            "stablehlo.minimum"
-        };
+        let op = if *b == "min" { "stablehlo.maximum" } else { "stablehlo.minimum" };
         r = nan_extreme(cx, op, r, v[i + 1]);
     }
     finish(cx, r, dtype)
@@ -749,10 +670,7 @@ fn masked_fill(cx: &mut Cx) -> Result<Vec<V>> {
     }
     let shapes = [cx.g.ty(x).shape.clone(), cx.g.ty(mask).shape.clone()];
     let shape = crate::ir::broadcast_all(&[&shapes[0], &shapes[1]])?;
-    let (x, mask) = (
-        cx.g.broadcast_to(x, &shape),
-        cx.g.broadcast_to(mask, &shape),
-    );
+    let (x, mask) = (cx.g.broadcast_to(x, &shape), cx.g.broadcast_to(mask, &shape));
     let fill = cx.g.convert(value.v, t.dtype);
     let fill = cx.g.broadcast_in_dim(fill, &shape, &[]);
     Ok(vec![cx.g.select(mask, fill, x)])
@@ -766,12 +684,7 @@ fn lerp(cx: &mut Cx) -> Result<Vec<V>> {
         Arg::Tensor(w) => Some(*w),
         _ => None,
     };
-    let others = [
-        Some(("end", cx.meta("end")?)),
-        weight
-            .filter(|w| !w.sizes.is_empty())
-            .map(|w| ("weight", w)),
-    ];
+    let others = [Some(("end", cx.meta("end")?)), weight.filter(|w| !w.sizes.is_empty()).map(|w| ("weight", w))];
     for (name, other) in others.into_iter().flatten() {
         if other.dtype != t.dtype {
             return Err(Error::runtime(format!(
@@ -782,18 +695,10 @@ fn lerp(cx: &mut Cx) -> Result<Vec<V>> {
         }
     }
     if !t.dtype.is_float() {
-        let kernel = if weight.is_some() {
-            "lerp_kernel_tensor"
-        } else {
-            "lerp_kernel_scalar"
-        };
+        let kernel = if weight.is_some() { "lerp_kernel_tensor" } else { "lerp_kernel_scalar" };
         return Err(not_implemented(kernel, t.dtype));
     }
-    let ops = [
-        cx.operand("self")?,
-        cx.operand("end")?,
-        cx.operand("weight")?,
-    ];
+    let ops = [cx.operand("self")?, cx.operand("end")?, cx.operand("weight")?];
     let v = cx.promote_to(&ops, opmath(t.dtype))?;
     let (dtype, a, b, w) = (t.dtype, v[0], v[1], v[2]);
     let ty = cx.g.ty(a).clone();

@@ -40,32 +40,18 @@ fn efficient_zero(cx: &mut Cx) -> Result<Vec<V>> {
 /// floating outputs) and sized from the preallocated `out`.
 fn arange(cx: &mut Cx) -> Result<Vec<V>> {
     let out = cx.meta("out")?;
-    let start = if cx.has("start") {
-        cx.const_f64("start")?
-    } else {
-        0.0
-    };
+    let start = if cx.has("start") { cx.const_f64("start")? } else { 0.0 };
     let end = cx.const_f64("end")?;
-    let step = if cx.has("step") {
-        cx.const_f64("step")?
-    } else {
-        1.0
-    };
+    let step = if cx.has("step") { cx.const_f64("step")? } else { 1.0 };
     if step == 0.0 {
         return Err(Error::runtime("step must be nonzero"));
     }
     if !(step > 0.0 && end >= start || step < 0.0 && end <= start) {
-        return Err(Error::runtime(
-            "upper bound and larger bound inconsistent with step sign",
-        ));
+        return Err(Error::runtime("upper bound and larger bound inconsistent with step sign"));
     }
     no_bool(out.dtype, "arange_cpu")?;
     let n = ((end - start) / step).ceil() as i64;
-    let acc = if out.dtype.is_float() {
-        crate::dtype::DType::F64
-    } else {
-        crate::dtype::DType::I64
-    };
+    let acc = if out.dtype.is_float() { crate::dtype::DType::F64 } else { crate::dtype::DType::I64 };
     let i = cx.g.iota(acc, &[n], 0);
     let s = cx.g.full(step, acc, &[n]);
     let b = cx.g.full(start, acc, &[n]);

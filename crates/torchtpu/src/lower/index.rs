@@ -18,14 +18,7 @@ pub static ENTRIES: &[Entry] = &[
 
 /// Indices as i64, negatives wrapped when `wrap`, plus a check of their
 /// range raising `kind`; `{}` in the message names the first offending index.
-pub fn checked_indices(
-    cx: &mut Cx,
-    idx: V,
-    size: i64,
-    wrap: bool,
-    kind: Kind,
-    message: String,
-) -> V {
+pub fn checked_indices(cx: &mut Cx, idx: V, size: i64, wrap: bool, kind: Kind, message: String) -> V {
     let ty = cx.g.ty(idx).clone();
     let given = cx.g.convert(idx, DType::I64);
     let mut idx = given;
@@ -65,40 +58,22 @@ fn index_select(cx: &mut Cx) -> Result<Vec<V>> {
     let t = cx.meta("self")?;
     let it = cx.meta("index")?;
     if it.sizes.len() > 1 {
-        return Err(Error::index(
-            "index_select(): Index is supposed to be a vector",
-        ));
+        return Err(Error::index("index_select(): Index is supposed to be a vector"));
     }
     if !is_index_dtype(it.dtype) {
-        return Err(Error::runtime(
-            "index_select(): Expected dtype int32 or int64 for index",
-        ));
+        return Err(Error::runtime("index_select(): Expected dtype int32 or int64 for index"));
     }
     let dim = wrap_dim(cx.int("dim")?, t.sizes.len())?;
     let x = cx.tensor("self")?;
     let idx = cx.tensor("index")?;
     let idx = cx.g.reshape(idx, &[it.numel()]);
     if t.sizes.is_empty() {
-        let idx = checked_indices(
-            cx,
-            idx,
-            1,
-            true,
-            Kind::Index,
-            "index_select(): Index out of range in self".into(),
-        );
+        let idx = checked_indices(cx, idx, 1, true, Kind::Index, "index_select(): Index out of range in self".into());
         let x = cx.g.reshape(x, &[1]);
         let r = cx.g.take(x, idx, 0);
         return Ok(vec![cx.g.reshape(r, &[])]);
     }
-    let idx = checked_indices(
-        cx,
-        idx,
-        t.sizes[dim],
-        true,
-        Kind::Index,
-        "index out of range in self".into(),
-    );
+    let idx = checked_indices(cx, idx, t.sizes[dim], true, Kind::Index, "index out of range in self".into());
     Ok(vec![cx.g.take(x, idx, dim)])
 }
 
@@ -149,14 +124,7 @@ fn index_add(cx: &mut Cx) -> Result<Vec<V>> {
     let x = cx.g.reshape(x, &sizes);
     let idx = cx.tensor("index")?;
     let idx = cx.g.reshape(idx, &[it.numel()]);
-    let idx = checked_indices(
-        cx,
-        idx,
-        sizes[dim],
-        false,
-        Kind::Runtime,
-        out_of_bounds(dim, sizes[dim]),
-    );
+    let idx = checked_indices(cx, idx, sizes[dim], false, Kind::Runtime, out_of_bounds(dim, sizes[dim]));
     let src = cx.tensor("source")?;
     let src = cx.g.reshape(src, &ssizes);
     let src = cx.g.convert(src, ct);
@@ -184,11 +152,7 @@ fn flat_positions(cx: &mut Cx, index: V, sizes: &[i64], dim: usize) -> V {
     let strides = contiguous_strides(sizes);
     let mut pos = cx.g.full(0.0, DType::I64, &shape);
     for (d, &stride) in strides.iter().enumerate() {
-        let coord = if d == dim {
-            index
-        } else {
-            cx.g.iota(DType::I64, &shape, d)
-        };
+        let coord = if d == dim { index } else { cx.g.iota(DType::I64, &shape, d) };
         let s = cx.g.full(stride as f64, DType::I64, &shape);
         let term = cx.g.binary("stablehlo.multiply", coord, s);
         pos = cx.g.binary("stablehlo.add", pos, term);
@@ -203,14 +167,7 @@ fn gather_positions(cx: &mut Cx, sizes: &[i64], dim: usize) -> Result<V> {
     let it = cx.meta("index")?;
     let idx = cx.tensor("index")?;
     let idx = cx.g.reshape(idx, &as_vector(&it));
-    let idx = checked_indices(
-        cx,
-        idx,
-        sizes[dim],
-        false,
-        Kind::Runtime,
-        out_of_bounds(dim, sizes[dim]),
-    );
+    let idx = checked_indices(cx, idx, sizes[dim], false, Kind::Runtime, out_of_bounds(dim, sizes[dim]));
     Ok(flat_positions(cx, idx, sizes, dim))
 }
 
@@ -221,9 +178,7 @@ fn out_of_bounds(dim: usize, size: i64) -> String {
 
 fn check_index_dtype(t: &Tensor, what: &str) -> Result<()> {
     if !is_index_dtype(t.dtype) {
-        return Err(Error::runtime(format!(
-            "{what}(): Expected dtype int32/int64 for index"
-        )));
+        return Err(Error::runtime(format!("{what}(): Expected dtype int32/int64 for index")));
     }
     Ok(())
 }
@@ -246,9 +201,7 @@ fn gather(cx: &mut Cx) -> Result<Vec<V>> {
     }
     let (sizes, isizes) = (as_vector(&t), as_vector(&it));
     if isizes.len() != sizes.len() {
-        return Err(Error::runtime(
-            "Index tensor must have the same number of dimensions as input tensor",
-        ));
+        return Err(Error::runtime("Index tensor must have the same number of dimensions as input tensor"));
     }
     let dim = wrap_dim(cx.int("dim")?, sizes.len())?;
     check_index_dtype(&it, "gather")?;
@@ -273,15 +226,9 @@ fn scatter(cx: &mut Cx, what: &str) -> Result<Vec<V>> {
         None => what == "scatter_add",
         Some("add") => true,
         Some("multiply") => {
-            return Err(Error::not_implemented(
-                "torchtpu: scatter with reduce='multiply' is not supported on tpu",
-            ))
+            return Err(Error::not_implemented("torchtpu: scatter with reduce='multiply' is not supported on tpu"))
         }
-        Some(_) => {
-            return Err(Error::runtime(
-                "reduce argument must be either add or multiply.",
-            ))
-        }
+        Some(_) => return Err(Error::runtime("reduce argument must be either add or multiply.")),
     };
     let x = cx.tensor("self")?;
     // CPU checks nothing more of an empty index.
@@ -290,26 +237,17 @@ fn scatter(cx: &mut Cx, what: &str) -> Result<Vec<V>> {
     }
     let (sizes, isizes) = (as_vector(&t), as_vector(&it));
     if isizes.len() != sizes.len() {
-        return Err(Error::runtime(
-            "Index tensor must have the same number of dimensions as self tensor",
-        ));
+        return Err(Error::runtime("Index tensor must have the same number of dimensions as self tensor"));
     }
     let dim = wrap_dim(cx.int("dim")?, sizes.len())?;
     check_index_dtype(&it, what)?;
-    let src_meta = if cx.has("src") {
-        Some(cx.meta("src")?)
-    } else {
-        None
-    };
+    let src_meta = if cx.has("src") { Some(cx.meta("src")?) } else { None };
     if let Some(s) = &src_meta {
         if s.dtype != t.dtype {
-            return Err(Error::runtime(format!(
-                "{what}(): Expected self.dtype to be equal to src.dtype"
-            )));
+            return Err(Error::runtime(format!("{what}(): Expected self.dtype to be equal to src.dtype")));
         }
         let ssizes = as_vector(s);
-        let fits =
-            (0..sizes.len()).all(|d| (d == dim || isizes[d] <= sizes[d]) && isizes[d] <= ssizes[d]);
+        let fits = (0..sizes.len()).all(|d| (d == dim || isizes[d] <= sizes[d]) && isizes[d] <= ssizes[d]);
         if !fits {
             return Err(Error::runtime(format!(
                 "Expected index {:?} to be no larger than self {:?} apart from dimension {dim} and to be no larger size than src {:?}",

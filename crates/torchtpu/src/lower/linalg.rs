@@ -10,27 +10,13 @@ use crate::ensure;
 use crate::error::Result;
 use crate::ir::V;
 
-pub static ENTRIES: &[Entry] = &[
-    op("mm", mm),
-    op("bmm", bmm),
-    op("addmm", addmm),
-    op("baddbmm", baddbmm),
-    op("addmv", addmv),
-    op("dot", dot),
-];
+pub static ENTRIES: &[Entry] =
+    &[op("mm", mm), op("bmm", bmm), op("addmm", addmm), op("baddbmm", baddbmm), op("addmv", addmv), op("dot", dot)];
 
 /// Rank and shape checks of `mm`/`addmm` (`what` prefixes the messages).
 fn check_matrices(m1: &Tensor, m2: &Tensor, what: &str) -> Result<()> {
-    ensure!(
-        m1.sizes.len() == 2,
-        "{what}: self must be a matrix, got {}-D tensor",
-        m1.sizes.len()
-    );
-    ensure!(
-        m2.sizes.len() == 2,
-        "{what}: mat2 must be a matrix, got {}-D tensor",
-        m2.sizes.len()
-    );
+    ensure!(m1.sizes.len() == 2, "{what}: self must be a matrix, got {}-D tensor", m1.sizes.len());
+    ensure!(m2.sizes.len() == 2, "{what}: mat2 must be a matrix, got {}-D tensor", m2.sizes.len());
     ensure!(
         m1.sizes[1] == m2.sizes[0],
         "{what}: mat1 and mat2 shapes cannot be multiplied ({}x{} and {}x{})",
@@ -54,12 +40,7 @@ fn check_batches(b1: &Tensor, b2: &Tensor) -> Result<()> {
         b2.sizes[0],
         b2.sizes[1]
     );
-    ensure!(
-        b1.dtype == b2.dtype,
-        "expected scalar type {} but found {}",
-        b1.dtype.torch_name(),
-        b2.dtype.torch_name()
-    );
+    ensure!(b1.dtype == b2.dtype, "expected scalar type {} but found {}", b1.dtype.torch_name(), b2.dtype.torch_name());
     Ok(())
 }
 
@@ -78,11 +59,7 @@ fn product(cx: &mut Cx, a: &str, b: &str, kernel: &str) -> Result<V> {
         return Ok(cx.g.full(0.0, ct, &shape));
     }
     // CPU's batched products hand all but tiny ones to addmm's kernel.
-    let kernel = if ta.sizes.len() == 3 && k * shape[1] * shape[2] >= 400 {
-        "addmm_impl_cpu_"
-    } else {
-        kernel
-    };
+    let kernel = if ta.sizes.len() == 3 && k * shape[1] * shape[2] >= 400 { "addmm_impl_cpu_" } else { kernel };
     no_bool(ta.dtype, kernel)?;
     let x = cx.tensor(a)?;
     let y = cx.tensor(b)?;
@@ -106,9 +83,7 @@ fn add_scaled(cx: &mut Cx, p: V) -> Result<V> {
     let input = cx.tensor("self")?;
     let input = cx.g.convert(input, ty.dtype);
     let input = cx.g.broadcast_to(input, &ty.shape);
-    let alpha = cx
-        .scalar_like("alpha", ty.dtype, &ty.shape)?
-        .expect("alpha");
+    let alpha = cx.scalar_like("alpha", ty.dtype, &ty.shape)?.expect("alpha");
     let beta = cx.scalar_like("beta", ty.dtype, &ty.shape)?.expect("beta");
     let zero = cx.g.full(0.0, ty.dtype, &ty.shape);
     let scaled = cx.g.binary("stablehlo.multiply", beta, input);

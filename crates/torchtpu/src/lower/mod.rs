@@ -36,23 +36,11 @@ pub struct Entry {
 }
 
 pub const fn op(name: &'static str, lower: Lowering) -> Entry {
-    Entry {
-        name,
-        lower,
-        consts: &[],
-    }
+    Entry { name, lower, consts: &[] }
 }
 
-pub const fn op_consts(
-    name: &'static str,
-    lower: Lowering,
-    consts: &'static [&'static str],
-) -> Entry {
-    Entry {
-        name,
-        lower,
-        consts,
-    }
+pub const fn op_consts(name: &'static str, lower: Lowering, consts: &'static [&'static str]) -> Entry {
+    Entry { name, lower, consts }
 }
 
 fn table() -> impl Iterator<Item = &'static Entry> {
@@ -101,41 +89,21 @@ static OPS: RwLock<Vec<&'static OpDef>> = RwLock::new(Vec::new());
 /// Registers an overload; None when nothing lowers it (CPU fallback).
 pub fn register(name: &str, overload: &str, args: Vec<ArgDef>, inplace: bool) -> Option<i32> {
     let base = name.strip_prefix("aten::")?;
-    let base = if inplace {
-        base.strip_suffix('_').unwrap_or(base)
-    } else {
-        base
-    };
+    let base = if inplace { base.strip_suffix('_').unwrap_or(base) } else { base };
     let entry = table().find(|e| e.name == base)?;
     let mut ops = OPS.write().unwrap();
     let id = ops.len() as i32;
-    let full = if overload.is_empty() {
-        name.to_string()
-    } else {
-        format!("{name}.{overload}")
-    };
-    ops.push(Box::leak(Box::new(OpDef {
-        id,
-        name: full,
-        entry,
-        args,
-    })));
+    let full = if overload.is_empty() { name.to_string() } else { format!("{name}.{overload}") };
+    ops.push(Box::leak(Box::new(OpDef { id, name: full, entry, args })));
     Some(id)
 }
 
 pub fn get(id: i32) -> Result<&'static OpDef> {
-    OPS.read()
-        .unwrap()
-        .get(id as usize)
-        .copied()
-        .ok_or_else(|| Error::runtime(format!("unknown op id {id}")))
+    OPS.read().unwrap().get(id as usize).copied().ok_or_else(|| Error::runtime(format!("unknown op id {id}")))
 }
 
 /// Internal operators of the runtime itself (copies between views).
-pub static COPY_ENTRIES: &[Entry] = &[
-    op("torchtpu::copy", copy_into),
-    op("torchtpu::contiguous", contiguous),
-];
+pub static COPY_ENTRIES: &[Entry] = &[op("torchtpu::copy", copy_into), op("torchtpu::contiguous", contiguous)];
 
 /// Writes `src` (converted and broadcast) into the view `dst`; the result is
 /// the next value of dst's storage.
@@ -159,21 +127,9 @@ fn contiguous(cx: &mut Cx) -> Result<Vec<V>> {
 }
 
 pub fn internal(name: &str, id: i32) -> OpDef {
-    let arg = |n: &str| ArgDef {
-        name: n.into(),
-        ty: "Tensor".into(),
-        is_out: false,
-    };
-    let entry = COPY_ENTRIES
-        .iter()
-        .find(|e| e.name == name)
-        .expect("internal op");
-    OpDef {
-        id,
-        name: name.into(),
-        entry,
-        args: vec![arg("src"), arg("dst")],
-    }
+    let arg = |n: &str| ArgDef { name: n.into(), ty: "Tensor".into(), is_out: false };
+    let entry = COPY_ENTRIES.iter().find(|e| e.name == name).expect("internal op");
+    OpDef { id, name: name.into(), entry, args: vec![arg("src"), arg("dst")] }
 }
 
 /// Where a compiled program's runtime input comes from.
@@ -220,15 +176,7 @@ pub struct Cx<'a> {
 
 impl<'a> Cx<'a> {
     pub fn new(op: &'a OpDef, args: &'a [Arg<'a>], device: usize) -> Cx<'a> {
-        Cx {
-            g: Graph::default(),
-            op,
-            args,
-            inputs: Vec::new(),
-            device,
-            checks: Vec::new(),
-            storages: Vec::new(),
-        }
+        Cx { g: Graph::default(), op, args, inputs: Vec::new(), device, checks: Vec::new(), storages: Vec::new() }
     }
 
     fn index(&self, name: &str) -> Result<usize> {
@@ -236,12 +184,7 @@ impl<'a> Cx<'a> {
             .args
             .iter()
             .position(|a| a.name == name)
-            .ok_or_else(|| {
-                Error::runtime(format!(
-                    "torchtpu: {} has no argument '{name}'",
-                    self.op.name
-                ))
-            })
+            .ok_or_else(|| Error::runtime(format!("torchtpu: {} has no argument '{name}'", self.op.name)))
     }
 
     pub fn has(&self, name: &str) -> bool {
@@ -257,10 +200,7 @@ impl<'a> Cx<'a> {
     }
 
     fn bad(&self, name: &str, what: &str) -> Error {
-        Error::runtime(format!(
-            "torchtpu: {}: argument '{name}' is not {what}",
-            self.op.name
-        ))
+        Error::runtime(format!("torchtpu: {}: argument '{name}' is not {what}", self.op.name))
     }
 
     /// Metadata of a tensor argument, without reading it.
@@ -335,10 +275,7 @@ impl<'a> Cx<'a> {
     pub fn const_f64(&self, name: &str) -> Result<f64> {
         let i = self.index(name)?;
         if self.op.is_runtime(i) {
-            return Err(Error::runtime(format!(
-                "torchtpu: {}: '{name}' is a runtime operand",
-                self.op.name
-            )));
+            return Err(Error::runtime(format!("torchtpu: {}: '{name}' is a runtime operand", self.op.name)));
         }
         match &self.args[i] {
             Arg::Int(v) => Ok(*v as f64),
@@ -417,11 +354,7 @@ impl<'a> Cx<'a> {
     pub fn tensors(&mut self, name: &str) -> Result<Vec<Option<V>>> {
         let i = self.index(name)?;
         let metas = self.metas(name)?;
-        metas
-            .iter()
-            .enumerate()
-            .map(|(k, t)| t.as_ref().map(|t| self.read(i, k, t)).transpose())
-            .collect()
+        metas.iter().enumerate().map(|(k, t)| t.as_ref().map(|t| self.read(i, k, t)).transpose()).collect()
     }
 
     /// A tensor or number argument as a promotion operand.
@@ -434,11 +367,7 @@ impl<'a> Cx<'a> {
                     (false, true) => Priority::ZeroDim,
                     (false, false) => Priority::Dim,
                 };
-                Ok(Operand {
-                    v: self.read(i, 0, &t)?,
-                    dtype: t.dtype,
-                    priority,
-                })
+                Ok(Operand { v: self.read(i, 0, &t)?, dtype: t.dtype, priority })
             }
             Arg::Int(_) | Arg::Float(_) | Arg::Bool(_) => {
                 let dtype = match self.args[i] {
@@ -452,11 +381,7 @@ impl<'a> Cx<'a> {
                     let value = self.const_f64(name)?;
                     self.g.scalar(value, dtype)
                 };
-                Ok(Operand {
-                    v,
-                    dtype,
-                    priority: Priority::Wrapped,
-                })
+                Ok(Operand { v, dtype, priority: Priority::Wrapped })
             }
             _ => Err(self.bad(name, "a tensor or a number")),
         }
@@ -473,9 +398,7 @@ impl<'a> Cx<'a> {
 
     /// `scalar` broadcast to `shape`.
     pub fn scalar_like(&mut self, name: &str, dtype: DType, shape: &[i64]) -> Result<Option<V>> {
-        Ok(self
-            .scalar(name, dtype)?
-            .map(|s| self.g.broadcast_in_dim(s, shape, &[])))
+        Ok(self.scalar(name, dtype)?.map(|s| self.g.broadcast_in_dim(s, shape, &[])))
     }
 
     /// The dtype `at::result_type` gives these operands.
@@ -513,12 +436,7 @@ impl<'a> Cx<'a> {
     /// errors name the offending element as PyTorch's CPU kernels do.
     pub fn check(&mut self, flag: V, value: Option<V>, kind: Kind, message: impl Into<String>) {
         let value = value.map(|v| self.g.convert(v, DType::I64));
-        self.checks.push(Check {
-            flag,
-            value,
-            kind,
-            message: message.into(),
-        });
+        self.checks.push(Check { flag, value, kind, message: message.into() });
     }
 
     /// The next value of tensor `name`'s storage once `src` (its view's
@@ -526,9 +444,7 @@ impl<'a> Cx<'a> {
     pub fn write_view(&mut self, name: &str, src: V) -> Result<V> {
         let i = self.index(name)?;
         let t = self.meta(name)?;
-        let storage = t
-            .storage
-            .ok_or_else(|| Error::runtime("torchtpu: writing a tensor without storage"))?;
+        let storage = t.storage.ok_or_else(|| Error::runtime("torchtpu: writing a tensor without storage"))?;
         let n = storage.nbytes / t.dtype.size() as i64;
         let view = t.view();
         if view.is_whole(n) {

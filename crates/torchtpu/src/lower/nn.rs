@@ -29,9 +29,7 @@ pub static ENTRIES: &[Entry] = &[
     op("_softmax", |cx| softmax(cx, false)),
     op("_log_softmax", |cx| softmax(cx, true)),
     op("_softmax_backward_data", |cx| softmax_backward(cx, false)),
-    op("_log_softmax_backward_data", |cx| {
-        softmax_backward(cx, true)
-    }),
+    op("_log_softmax_backward_data", |cx| softmax_backward(cx, true)),
     op("nll_loss_forward", |cx| nll_loss_forward(cx, false)),
     op("nll_loss2d_forward", |cx| nll_loss_forward(cx, true)),
     op("nll_loss_backward", |cx| nll_loss_backward(cx, false)),
@@ -64,9 +62,7 @@ fn div(cx: &mut Cx, a: V, b: V) -> V {
 /// The runtime scalar argument `name`, splat to `like`'s type.
 fn scalar_as(cx: &mut Cx, name: &str, like: V) -> Result<V> {
     let ty = cx.g.ty(like).clone();
-    Ok(cx
-        .scalar_like(name, ty.dtype, &ty.shape)?
-        .expect("required scalar argument"))
+    Ok(cx.scalar_like(name, ty.dtype, &ty.shape)?.expect("required scalar argument"))
 }
 
 /// `x > 0 ? pos : neg`.
@@ -91,10 +87,7 @@ fn float_self(cx: &mut Cx, kernel: &str) -> Result<(V, DType)> {
 fn reduce_back(cx: &mut Cx, kind: ReduceKind, x: V, dims: &[usize]) -> V {
     let shape = cx.g.ty(x).shape.clone();
     let r = cx.g.reduce(kind, x, dims);
-    let kept: Vec<i64> = (0..shape.len())
-        .filter(|d| !dims.contains(d))
-        .map(|d| d as i64)
-        .collect();
+    let kept: Vec<i64> = (0..shape.len()).filter(|d| !dims.contains(d)).map(|d| d as i64).collect();
     cx.g.broadcast_in_dim(r, &shape, &kept)
 }
 
@@ -114,9 +107,7 @@ fn threshold_backward(cx: &mut Cx) -> Result<Vec<V>> {
     let g = cx.tensor("grad_output")?;
     let x = cx.tensor("self")?;
     let x = cx.g.convert(x, ct);
-    let th = cx
-        .scalar_like("threshold", ct, t.sizes)?
-        .expect("threshold");
+    let th = cx.scalar_like("threshold", ct, t.sizes)?.expect("threshold");
     let zero = cx.g.full(0.0, t.dtype, t.sizes);
     let keep = cx.g.compare("GT", x, th);
     Ok(vec![cx.g.select(keep, g, zero)])
@@ -127,9 +118,7 @@ fn gelu_tanh(cx: &Cx) -> Result<bool> {
     match cx.str("approximate")? {
         "none" => Ok(false),
         "tanh" => Ok(true),
-        _ => Err(Error::runtime(
-            "approximate argument must be either none or tanh.",
-        )),
+        _ => Err(Error::runtime("approximate argument must be either none or tanh.")),
     }
 }
 
@@ -203,11 +192,7 @@ fn gelu_backward(cx: &mut Cx) -> Result<Vec<V>> {
         let mhalf = full_like(cx, -0.5, x);
         let e = mul(cx, x2, mhalf);
         let e = cx.g.unary("stablehlo.exponential", e);
-        let k = full_like(
-            cx,
-            0.5 * std::f64::consts::FRAC_2_SQRT_PI * std::f64::consts::FRAC_1_SQRT_2,
-            x,
-        );
+        let k = full_like(cx, 0.5 * std::f64::consts::FRAC_2_SQRT_PI * std::f64::consts::FRAC_1_SQRT_2, x);
         let pdf = mul(cx, k, e);
         let xpdf = mul(cx, x, pdf);
         add(cx, cdf, xpdf)
@@ -310,9 +295,7 @@ fn elu_backward(cx: &mut Cx) -> Result<Vec<V>> {
 fn hardtanh(cx: &mut Cx) -> Result<Vec<V>> {
     let t = cx.meta("self")?;
     if t.dtype == DType::Bool {
-        return Err(Error::not_implemented(
-            "Bool inputs not supported for hardtanh",
-        ));
+        return Err(Error::not_implemented("Bool inputs not supported for hardtanh"));
     }
     let x = cx.tensor("self")?;
     let x = cx.g.convert(x, opmath(t.dtype));
@@ -388,19 +371,12 @@ fn softmax(cx: &mut Cx, log: bool) -> Result<Vec<V>> {
     let dims = softmax_dims(cx, rank)?;
     if !t.dtype.is_float() {
         let last = dims.first().map_or(true, |&d| d + 1 == rank);
-        let kernel = format!(
-            "{}softmax{}_kernel_impl",
-            if log { "log_" } else { "" },
-            if last { "_lastdim" } else { "" }
-        );
+        let kernel =
+            format!("{}softmax{}_kernel_impl", if log { "log_" } else { "" }, if last { "_lastdim" } else { "" });
         return Err(not_implemented(&kernel, t.dtype));
     }
     let ct = opmath(t.dtype);
-    let dtype = if cx.bool("half_to_float")? {
-        ct
-    } else {
-        t.dtype
-    };
+    let dtype = if cx.bool("half_to_float")? { ct } else { t.dtype };
     let x = cx.tensor("self")?;
     let x = cx.g.convert(x, ct);
     let max = reduce_back(cx, ReduceKind::Max, x, &dims);
@@ -431,11 +407,7 @@ fn softmax_backward(cx: &mut Cx, log: bool) -> Result<Vec<V>> {
     let dims = softmax_dims(cx, gt.sizes.len())?;
     // Float32 grads of a half_to_float softmax give the input's dtype back.
     let input = cx.dtype("input_dtype")?.unwrap_or(gt.dtype);
-    let dtype = if gt.dtype == DType::F32 && matches!(input, DType::F16 | DType::BF16) {
-        input
-    } else {
-        gt.dtype
-    };
+    let dtype = if gt.dtype == DType::F32 && matches!(input, DType::F16 | DType::BF16) { input } else { gt.dtype };
     let ct = opmath(gt.dtype);
     let g = cx.tensor("grad_output")?;
     let y = cx.tensor("output")?;
@@ -468,9 +440,7 @@ fn reduction(cx: &Cx) -> Result<Reduction> {
         0 => Ok(Reduction::None),
         1 => Ok(Reduction::Mean),
         2 => Ok(Reduction::Sum),
-        r => Err(Error::value(format!(
-            "{r} is not a valid value for reduction"
-        ))),
+        r => Err(Error::value(format!("{r} is not a valid value for reduction"))),
     }
 }
 
@@ -486,10 +456,7 @@ fn class_dim(rank: usize) -> usize {
 /// The dimensions of an nll_loss input other than the class dimension,
 /// which are the target's.
 fn target_dims(rank: usize) -> Vec<i64> {
-    (0..rank)
-        .filter(|&d| d != class_dim(rank))
-        .map(|d| d as i64)
-        .collect()
+    (0..rank).filter(|&d| d != class_dim(rank)).map(|d| d as i64).collect()
 }
 
 /// Whether nll_loss gives one loss per target (else a scalar).
@@ -514,19 +481,14 @@ fn check_nll(cx: &Cx, spatial: bool) -> Result<()> {
             )));
         }
         if x.sizes[0] != t.sizes[0] || x.sizes[2..] != t.sizes[1..] {
-            return Err(Error::runtime(format!(
-                "size mismatch (got input: {:?} , target: {:?}",
-                x.sizes, t.sizes
-            )));
+            return Err(Error::runtime(format!("size mismatch (got input: {:?} , target: {:?}", x.sizes, t.sizes)));
         }
     } else {
         if !(1..=2).contains(&xr) {
             return Err(Error::runtime("input tensor should be 1D or 2D"));
         }
         if tr > 1 {
-            return Err(Error::runtime(
-                "0D or 1D target tensor expected, multi-target not supported",
-            ));
+            return Err(Error::runtime("0D or 1D target tensor expected, multi-target not supported"));
         }
         if xr == 1 && tr == 1 && t.sizes[0] != 1 {
             return Err(Error::value(format!(
@@ -535,10 +497,7 @@ fn check_nll(cx: &Cx, spatial: bool) -> Result<()> {
             )));
         }
         if xr == 2 && (tr == 0 || x.sizes[0] != t.sizes[0]) {
-            return Err(Error::runtime(format!(
-                "size mismatch (got input: {:?}, target: {:?})",
-                x.sizes, t.sizes
-            )));
+            return Err(Error::runtime(format!("size mismatch (got input: {:?}, target: {:?})", x.sizes, t.sizes)));
         }
     }
     let classes = x.sizes[class_dim(xr)];
@@ -564,23 +523,14 @@ fn check_nll(cx: &Cx, spatial: bool) -> Result<()> {
     }
     match t.dtype {
         DType::I64 => {}
-        DType::U8 if spatial => {
-            return Err(Error::runtime("expected scalar type Long but found Byte"))
-        }
+        DType::U8 if spatial => return Err(Error::runtime("expected scalar type Long but found Byte")),
         DType::U8 => {}
         d => {
-            return Err(Error::runtime(format!(
-                "expected target dtype to be Long or Byte, but got {}",
-                d.torch_name()
-            )))
+            return Err(Error::runtime(format!("expected target dtype to be Long or Byte, but got {}", d.torch_name())))
         }
     }
     if !x.dtype.is_float() {
-        let kernel = if spatial {
-            "nll_loss2d_forward_out_frame"
-        } else {
-            "nll_loss_out_frame"
-        };
+        let kernel = if spatial { "nll_loss2d_forward_out_frame" } else { "nll_loss_out_frame" };
         return Err(not_implemented(kernel, x.dtype));
     }
     Ok(())
@@ -610,14 +560,9 @@ fn nll_pick(cx: &mut Cx, ct: DType) -> Result<(V, V)> {
     let target = cx.tensor("target")?;
     let target = cx.g.convert(target, DType::I64);
     // One sample `(C)` may come with a 1-element 1-D target.
-    let target = if shape.len() == 1 {
-        cx.g.reshape(target, &[])
-    } else {
-        target
-    };
+    let target = if shape.len() == 1 { cx.g.reshape(target, &[]) } else { target };
     let tshape = cx.g.ty(target).shape.clone();
-    let ignore =
-        cx.g.full(cx.int("ignore_index")? as f64, DType::I64, &tshape);
+    let ignore = cx.g.full(cx.int("ignore_index")? as f64, DType::I64, &tshape);
     let counted = cx.g.compare("NE", target, ignore);
     check_targets(cx, target, counted, shape[cdim]);
     let dims = target_dims(shape.len());
@@ -649,8 +594,7 @@ fn nll_loss_forward(cx: &mut Cx, spatial: bool) -> Result<Vec<V>> {
     let zero = cx.g.full(0.0, ct, x.sizes);
     let wx = mul(cx, weight, input);
     let picked = cx.g.select(hit, wx, zero);
-    let loss =
-        cx.g.reduce(ReduceKind::Sum, picked, &[class_dim(x.sizes.len())]);
+    let loss = cx.g.reduce(ReduceKind::Sum, picked, &[class_dim(x.sizes.len())]);
     let loss = cx.g.unary("stablehlo.negate", loss);
     if per_target(cx)? {
         let total = cx.g.full(0.0, x.dtype, &[]);
@@ -664,19 +608,12 @@ fn nll_loss_forward(cx: &mut Cx, spatial: bool) -> Result<Vec<V>> {
     if reduction(cx)? == Reduction::Mean {
         out = div(cx, out, total);
     }
-    Ok(vec![
-        cx.g.convert(out, x.dtype),
-        cx.g.convert(total, x.dtype),
-    ])
+    Ok(vec![cx.g.convert(out, x.dtype), cx.g.convert(total, x.dtype)])
 }
 
 /// PyTorch's checks of nll_loss_backward's grad_output and total_weight.
 fn check_nll_grad(cx: &Cx, spatial: bool) -> Result<()> {
-    let (g, t, tw) = (
-        cx.meta("grad_output")?,
-        cx.meta("target")?,
-        cx.meta("total_weight")?,
-    );
+    let (g, t, tw) = (cx.meta("grad_output")?, cx.meta("target")?, cx.meta("total_weight")?);
     if tw.numel() != 1 {
         let gap = if spatial { " " } else { "  " };
         return Err(Error::runtime(format!(
@@ -694,10 +631,7 @@ fn check_nll_grad(cx: &Cx, spatial: bool) -> Result<()> {
         }
     } else if g.sizes != t.sizes {
         return Err(Error::runtime(if spatial {
-            format!(
-                "size mismatch (got grad_output: {:?} target: {:?}",
-                g.sizes, t.sizes
-            )
+            format!("size mismatch (got grad_output: {:?} target: {:?}", g.sizes, t.sizes)
         } else {
             format!(
                 "Expected a tensor of dimension 1 and tensor.size[0] == {} but got: dimension {} and tensor.size[0] = {}",
@@ -764,11 +698,7 @@ fn mse_loss(cx: &mut Cx) -> Result<Vec<V>> {
 /// `norm (self - target) g` with norm 2 (2 / numel for mean), in self's dtype.
 fn mse_loss_backward(cx: &mut Cx) -> Result<Vec<V>> {
     let x = cx.meta("self")?;
-    let norm = if reduction(cx)? == Reduction::Mean {
-        2.0 / x.numel() as f64
-    } else {
-        2.0
-    };
+    let norm = if reduction(cx)? == Reduction::Mean { 2.0 / x.numel() as f64 } else { 2.0 };
     let (v, _) = promoted(cx, &["grad_output", "self", "target"])?;
     let (g, input, target) = (v[0], v[1], v[2]);
     let d = sub(cx, input, target);

@@ -6,11 +6,7 @@ use crate::dtype::DType;
 use crate::error::Result;
 use crate::ir::{Ty, V};
 
-pub static ENTRIES: &[Entry] = &[
-    op("uniform", uniform),
-    op("normal", normal),
-    op("bernoulli", bernoulli),
-];
+pub static ENTRIES: &[Entry] = &[op("uniform", uniform), op("normal", normal), op("bernoulli", bernoulli)];
 
 /// Uniform floats in [0, 1) of `shape`, from the call's generator.
 pub fn uniform01(cx: &mut Cx, shape: &[i64], generator: Option<&str>) -> Result<V> {

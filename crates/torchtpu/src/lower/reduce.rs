@@ -27,11 +27,7 @@ pub static ENTRIES: &[Entry] = &[
 
 /// The reduced dimensions of a `dim` argument: absent, None or [] mean all.
 pub fn reduced_dims(cx: &Cx, rank: usize) -> Result<Vec<usize>> {
-    let dims = if cx.has("dim") {
-        cx.opt_ints("dim")?
-    } else {
-        None
-    };
+    let dims = if cx.has("dim") { cx.opt_ints("dim")? } else { None };
     match dims {
         None => Ok((0..rank).collect()),
         Some(d) if d.is_empty() => Ok((0..rank).collect()),
@@ -45,9 +41,7 @@ pub fn dim_list(dims: &[i64], rank: usize) -> Result<Vec<usize>> {
     for &x in dims {
         let w = wrap_dim(x, rank)?;
         if out.contains(&w) {
-            return Err(Error::runtime(format!(
-                "dim {w} appears multiple times in the list of dims"
-            )));
+            return Err(Error::runtime(format!("dim {w} appears multiple times in the list of dims")));
         }
         if w < rank {
             out.push(w);
@@ -61,11 +55,7 @@ pub fn reduce_keep(cx: &mut Cx, kind: ReduceKind, x: V, dims: &[usize], keepdim:
     let shape = cx.g.ty(x).shape.clone();
     let r = cx.g.reduce(kind, x, dims);
     if keepdim {
-        let kept: Vec<i64> = shape
-            .iter()
-            .enumerate()
-            .map(|(i, &s)| if dims.contains(&i) { 1 } else { s })
-            .collect();
+        let kept: Vec<i64> = shape.iter().enumerate().map(|(i, &s)| if dims.contains(&i) { 1 } else { s }).collect();
         cx.g.reshape(r, &kept)
     } else {
         r
@@ -80,11 +70,7 @@ fn keepdim(cx: &Cx) -> Result<bool> {
 /// integral inputs.
 fn accumulate_dtype(cx: &Cx) -> Result<DType> {
     let t = cx.meta("self")?;
-    Ok(cx.dtype("dtype")?.unwrap_or(if t.dtype.is_float() {
-        t.dtype
-    } else {
-        DType::I64
-    }))
+    Ok(cx.dtype("dtype")?.unwrap_or(if t.dtype.is_float() { t.dtype } else { DType::I64 }))
 }
 
 fn accumulate(cx: &mut Cx, kind: ReduceKind) -> Result<Vec<V>> {
@@ -119,9 +105,7 @@ fn mean(cx: &mut Cx) -> Result<Vec<V>> {
 
 fn check_nonempty(t: &crate::args::Tensor, dims: &[usize], what: &str) -> Result<()> {
     if let Some(&d) = dims.iter().find(|&&d| t.sizes[d] == 0) {
-        return Err(Error::index(format!(
-            "{what}(): Expected reduction dim {d} to have non-zero size."
-        )));
+        return Err(Error::index(format!("{what}(): Expected reduction dim {d} to have non-zero size.")));
     }
     if t.numel() == 0 && t.sizes.is_empty() {
         return Err(Error::runtime(format!(
@@ -134,15 +118,7 @@ fn check_nonempty(t: &crate::args::Tensor, dims: &[usize], what: &str) -> Result
 fn extreme(cx: &mut Cx, kind: ReduceKind) -> Result<Vec<V>> {
     let t = cx.meta("self")?;
     let dims = reduced_dims(cx, t.sizes.len())?;
-    check_nonempty(
-        &t,
-        &dims,
-        if kind == ReduceKind::Max {
-            "amax"
-        } else {
-            "amin"
-        },
-    )?;
+    check_nonempty(&t, &dims, if kind == ReduceKind::Max { "amax" } else { "amin" })?;
     if let Some(out) = cx.has("out").then(|| cx.meta("out")).transpose()? {
         if out.dtype != t.dtype {
             return Err(Error::runtime(format!(
@@ -183,14 +159,7 @@ fn reduce_extreme(cx: &mut Cx, kind: ReduceKind, x: V, dims: &[usize], keep: boo
 fn max_min(cx: &mut Cx, max: bool) -> Result<Vec<V>> {
     if cx.has("other") {
         // max.other / min.other are maximum / minimum.
-        return arith(
-            cx,
-            if max {
-                "stablehlo.maximum"
-            } else {
-                "stablehlo.minimum"
-            },
-        );
+        return arith(cx, if max { "stablehlo.maximum" } else { "stablehlo.minimum" });
     }
     let t = cx.meta("self")?;
     let kind = match (t.dtype == DType::Bool, max) {
@@ -218,11 +187,7 @@ fn max_min(cx: &mut Cx, max: bool) -> Result<Vec<V>> {
         )));
     }
     let keep = keepdim(cx)?;
-    let dims = if t.sizes.is_empty() {
-        vec![]
-    } else {
-        vec![dim]
-    };
+    let dims = if t.sizes.is_empty() { vec![] } else { vec![dim] };
     let values = reduce_extreme(cx, kind, x, &dims, keep);
     let indices = arg_along(cx, x, &dims, max, keep);
     Ok(vec![values, indices])
@@ -233,11 +198,7 @@ fn arg_along(cx: &mut Cx, x: V, dims: &[usize], max: bool, keep: bool) -> V {
     let Some(&dim) = dims.first() else {
         return cx.g.full(0.0, DType::I64, &shape);
     };
-    let x = if cx.g.ty(x).dtype == DType::Bool {
-        cx.g.convert(x, DType::U8)
-    } else {
-        x
-    };
+    let x = if cx.g.ty(x).dtype == DType::Bool { cx.g.convert(x, DType::U8) } else { x };
     let r = cx.g.arg_reduce(x, dim, max);
     if keep {
         let mut kept = shape;
@@ -262,24 +223,14 @@ fn arg(cx: &mut Cx, max: bool) -> Result<Vec<V>> {
             }
             let flat = cx.g.reshape(x, &[t.numel()]);
             let r = arg_along(cx, flat, &[0], max, false);
-            Ok(vec![if keep {
-                cx.g.reshape(r, &vec![1; t.sizes.len()])
-            } else {
-                r
-            }])
+            Ok(vec![if keep { cx.g.reshape(r, &vec![1; t.sizes.len()]) } else { r }])
         }
         Some(d) => {
             let dim = wrap_dim(d, t.sizes.len())?;
             if t.sizes.get(dim) == Some(&0) {
-                return Err(Error::index(format!(
-                    "{what}(): Expected reduction dim {dim} to have non-zero size."
-                )));
+                return Err(Error::index(format!("{what}(): Expected reduction dim {dim} to have non-zero size.")));
             }
-            let dims = if t.sizes.is_empty() {
-                vec![]
-            } else {
-                vec![dim]
-            };
+            let dims = if t.sizes.is_empty() { vec![] } else { vec![dim] };
             Ok(vec![arg_along(cx, x, &dims, max, keep)])
         }
     }
@@ -297,20 +248,14 @@ fn logical(cx: &mut Cx, kind: ReduceKind) -> Result<Vec<V>> {
     let dims = reduced_dims(cx, t.sizes.len())?;
     let r = reduce_keep(cx, kind, b, &dims, keepdim(cx)?);
     // all/any keep uint8 inputs' dtype, everything else gives bool.
-    Ok(vec![if t.dtype == DType::U8 {
-        cx.g.convert(r, DType::U8)
-    } else {
-        r
-    }])
+    Ok(vec![if t.dtype == DType::U8 { cx.g.convert(r, DType::U8) } else { r }])
 }
 
 /// var/std with Bessel's `correction` (a runtime operand, default 1).
 fn moments(cx: &mut Cx, sqrt: bool) -> Result<Vec<V>> {
     let t = cx.meta("self")?;
     if !t.dtype.is_float() {
-        return Err(Error::not_implemented(
-            "std and var only support floating point and complex dtypes",
-        ));
+        return Err(Error::not_implemented("std and var only support floating point and complex dtypes"));
     }
     let ct = opmath(t.dtype);
     let x = cx.tensor("self")?;
@@ -321,21 +266,12 @@ fn moments(cx: &mut Cx, sqrt: bool) -> Result<Vec<V>> {
     let sum = reduce_keep(cx, ReduceKind::Sum, x, &dims, true);
     let n = cx.g.full(count as f64, ct, &cx.g.ty(sum).shape.clone());
     let mean = cx.g.binary("stablehlo.divide", sum, n);
-    let mean = cx.g.broadcast_in_dim(
-        mean,
-        t.sizes,
-        &(0..t.sizes.len() as i64).collect::<Vec<_>>(),
-    );
+    let mean = cx.g.broadcast_in_dim(mean, t.sizes, &(0..t.sizes.len() as i64).collect::<Vec<_>>());
     let d = cx.g.binary("stablehlo.subtract", x, mean);
     let sq = cx.g.binary("stablehlo.multiply", d, d);
     let ss = reduce_keep(cx, ReduceKind::Sum, sq, &dims, keep);
     let shape = cx.g.ty(ss).shape.clone();
-    let correction = match cx
-        .has("correction")
-        .then(|| cx.scalar("correction", ct))
-        .transpose()?
-        .flatten()
-    {
+    let correction = match cx.has("correction").then(|| cx.scalar("correction", ct)).transpose()?.flatten() {
         Some(c) => cx.g.broadcast_in_dim(c, &shape, &[]),
         None => {
             let unbiased = !cx.has("unbiased") || cx.bool("unbiased")?;
@@ -358,23 +294,13 @@ fn moments(cx: &mut Cx, sqrt: bool) -> Result<Vec<V>> {
 fn cumulative(cx: &mut Cx, kind: ReduceKind) -> Result<Vec<V>> {
     let t = cx.meta("self")?;
     let dtype = accumulate_dtype(cx)?;
-    no_bool(
-        dtype,
-        if kind == ReduceKind::Sum {
-            "cumsum_out_cpu"
-        } else {
-            "cumprod_out_cpu"
-        },
-    )?;
+    no_bool(dtype, if kind == ReduceKind::Sum { "cumsum_out_cpu" } else { "cumprod_out_cpu" })?;
     let dim = wrap_dim(cx.int("dim")?, t.sizes.len())?;
     let x = cx.tensor("self")?;
     let mut x = cx.g.convert(x, opmath(dtype));
     let n = t.sizes.get(dim).copied().unwrap_or(1);
-    let (combine, identity) = if kind == ReduceKind::Sum {
-        ("stablehlo.add", 0.0)
-    } else {
-        ("stablehlo.multiply", 1.0)
-    };
+    let (combine, identity) =
+        if kind == ReduceKind::Sum { ("stablehlo.add", 0.0) } else { ("stablehlo.multiply", 1.0) };
     let identity = cx.g.scalar(identity, opmath(dtype));
     let zeros = vec![0; t.sizes.len()];
     let mut step = 1;
@@ -408,11 +334,7 @@ fn vector_norm(cx: &mut Cx) -> Result<Vec<V>> {
     let keep = keepdim(cx)?;
     let r = if ord == f64::INFINITY || ord == f64::NEG_INFINITY {
         check_nonempty(&t, &dims, "linalg.vector_norm")?;
-        let kind = if ord > 0.0 {
-            ReduceKind::Max
-        } else {
-            ReduceKind::Min
-        };
+        let kind = if ord > 0.0 { ReduceKind::Max } else { ReduceKind::Min };
         reduce_keep(cx, kind, a, &dims, keep)
     } else if ord == 0.0 {
         let zero = cx.g.full(0.0, ct, t.sizes);

@@ -38,35 +38,22 @@ pub fn expand_check(t: &Tensor, target: &[i64]) -> Result<()> {
 
 fn flip(cx: &mut Cx) -> Result<Vec<V>> {
     let t = cx.meta("self")?;
-    let dims: Vec<i64> = dim_list(&cx.ints("dims")?, t.sizes.len())?
-        .into_iter()
-        .map(|d| d as i64)
-        .collect();
+    let dims: Vec<i64> = dim_list(&cx.ints("dims")?, t.sizes.len())?.into_iter().map(|d| d as i64).collect();
     let x = cx.tensor("self")?;
-    Ok(vec![if dims.is_empty() {
-        x
-    } else {
-        cx.g.reverse(x, &dims)
-    }])
+    Ok(vec![if dims.is_empty() { x } else { cx.g.reverse(x, &dims) }])
 }
 
 fn cat(cx: &mut Cx) -> Result<Vec<V>> {
     let metas = cx.metas("tensors")?;
     let metas: Vec<_> = metas.into_iter().flatten().collect();
     if metas.is_empty() {
-        return Err(Error::runtime(
-            "torch.cat(): expected a non-empty list of Tensors",
-        ));
+        return Err(Error::runtime("torch.cat(): expected a non-empty list of Tensors"));
     }
     let values: Vec<V> = cx.tensors("tensors")?.into_iter().flatten().collect();
     let ops: Vec<super::Operand> = metas
         .iter()
         .zip(&values)
-        .map(|(t, &v)| super::Operand {
-            v,
-            dtype: t.dtype,
-            priority: crate::dtype::Priority::Dim,
-        })
+        .map(|(t, &v)| super::Operand { v, dtype: t.dtype, priority: crate::dtype::Priority::Dim })
         .collect();
     let dtype = cx.result_type(&ops);
     // Legacy rule: 1-D empty tensors are skipped.

@@ -1,0 +1,223 @@
+"""Fused mode: one program per training step, cache keys that ignore values,
+state kept exact across flushes, the persistent cache and the diagnostics."""
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+import torchtpu
+from conftest import synced
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+sys.path.insert(0, str(EXAMPLES))
+from workloads import WORKLOADS, mlp_batches, train  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def fused():
+    with torchtpu.mode("fused"):
+        yield
+
+
+def step_deltas(workload, steps=5, **options):
+    """Per step of an unmodified training loop: (programs executed,
+    compilations, CPU fallbacks) during that step."""
+    deltas = []
+    torchtpu.reset_metrics()
+    before = torchtpu.metrics()
+
+    def on_step(step, *_):
+        nonlocal before
+        now = torchtpu.metrics()
+        deltas.append((now["executions"] - before["executions"], now["compilations"] - before["compilations"],
+                       sum(now["fallbacks"].values()) - sum(before["fallbacks"].values())))
+        before = now
+
+    train(workload, "tpu", steps, on_step=on_step, **options)
+    return deltas
+
+
+@pytest.mark.parametrize("workload", list(WORKLOADS))
+def test_one_program_per_step(workload):
+    """Reading the loss after optimizer.step(): after step 2, each step is one
+    program, compiles nothing and falls back to nothing; with a learning rate
+    changed every step by a scheduler as well."""
+    for schedule in (False, True):
+        deltas = step_deltas(workload, schedule=schedule)
+        assert deltas[2:] == [(1, 0, 0)] * (len(deltas) - 2), (schedule, deltas)
+
+
+@pytest.mark.parametrize("workload", list(WORKLOADS))
+def test_two_programs_when_loss_is_read_before_step(workload):
+    deltas = step_deltas(workload, read_loss_before_step=True)
+    assert deltas[2:] == [(2, 0, 0)] * (len(deltas) - 2), deltas
+
+
+def test_dropout_never_recompiles():
+    """Random keys are program inputs: dropout in train mode recompiles nothing."""
+    deltas = step_deltas("transformer", dropout=0.1)
+    assert [c for _, c, _ in deltas[2:]] == [0] * (len(deltas) - 2), deltas
+
+
+def test_partial_final_batch_compiles_at_most_once_more():
+    xs, ys = mlp_batches(6)
+    xs[-1], ys[-1] = xs[-1][:50], ys[-1][:50]
+    deltas = step_deltas("mlp", steps=6, batches=(xs, ys))
+    assert [c for _, c, _ in deltas[2:-1]] == [0] * 3 and deltas[-1][1] <= 1, deltas
+
+
+def test_optimizer_updates_are_donated():
+    """Parameters and optimizer state are updated in place: the step's program
+    takes their old buffers, and the live buffer count stays flat."""
+    params = 8  # 4 Linear layers
+    live = []
+
+    def on_step(step, *_):
+        torch.tpu.synchronize()
+        live.append(torchtpu.metrics()["live_buffers"])
+
+    torchtpu.reset_metrics()
+    train("mlp", "tpu", 5, on_step=on_step)
+    # weight, exp_avg, exp_avg_sq per parameter from step 2 on, at least.
+    assert torchtpu.metrics()["donated_buffers"] >= 3 * params * 3
+    assert live[2:] == [live[2]] * 3, live
+
+
+def test_views_and_inplace_across_flushes():
+    base = torch.randn(6, 8)
+    t = base.to("tpu")
+    ref = base.clone()
+    for x in (t, ref):
+        v = x[1:5, ::2]
+        v.mul_(2)
+        x.t()[3].add_(1)
+    torch.tpu.synchronize()
+    for x in (t, ref):
+        w = x.view(2, 3, 8)[:, 1]
+        w.sub_(x[0])
+        x.diagonal().zero_()
+    torch.testing.assert_close(t.cpu(), ref)
+
+
+def test_flush_reasons_are_counted():
+    torchtpu.reset_metrics()
+    x = torch.ones(4, device="tpu") * 3
+    x.sum().item()
+    y = x + 1
+    torch.tpu.synchronize()
+    z = y * 2
+    torch.histc(z, bins=4)  # no tpu lowering: runs on the CPU
+    flushes = torchtpu.metrics()["flushes"]
+    assert flushes.get("host_read", 0) >= 1 and flushes.get("synchronize") == 1, flushes
+    assert flushes.get("cpu_fallback") == 1, flushes
+
+
+def test_data_dependent_error_surfaces_where_the_host_waits():
+    x = torch.ones(4, 2, device="tpu")
+    bad = x.index_select(0, torch.tensor([1, 4], device="tpu"))  # recorded, not yet run
+    with pytest.raises(IndexError, match="index out of range in self"):
+        synced(lambda: bad)
+    torch.testing.assert_close((x * 2).cpu(), torch.full((4, 2), 2.0))
+
+
+def run_script(tmp_path, code, **env):
+    """Runs `code` as a script file in a fresh interpreter; returns the
+    finished process (asserting it exited cleanly)."""
+    script = tmp_path / "script.py"
+    script.write_text(textwrap.dedent(code))
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300,
+                         env=dict(os.environ, PYTHONPATH=str(EXAMPLES), **env))
+    assert out.returncode == 0, out.stderr
+    return out
+
+
+TRAIN_AND_REPORT = """
+    import torch, torchtpu
+    from workloads import train
+    losses = train("mlp", "tpu", 3)
+    m = torchtpu.metrics()
+    print(m["compilations"], m["disk_cache_hits"], repr(losses))
+"""
+
+
+def test_second_process_compiles_nothing(tmp_path):
+    cache = tmp_path / "cache"
+    first = run_script(tmp_path, TRAIN_AND_REPORT, TORCHTPU_CACHE_DIR=str(cache)).stdout.split(maxsplit=2)
+    second = run_script(tmp_path, TRAIN_AND_REPORT, TORCHTPU_CACHE_DIR=str(cache)).stdout.split(maxsplit=2)
+    assert int(first[0]) > 0 and int(second[0]) == 0, (first, second)
+    assert int(second[1]) == int(first[0])
+    assert second[2] == first[2]
+
+
+def test_corrupt_cache_entries_are_recompiled(tmp_path):
+    cache = tmp_path / "cache"
+    first = run_script(tmp_path, TRAIN_AND_REPORT, TORCHTPU_CACHE_DIR=str(cache)).stdout.split(maxsplit=2)
+    entries = sorted(cache.glob("*.xla"), key=lambda p: p.stat().st_size)
+    truncated, flipped = entries[-1], entries[-2]
+    truncated.write_bytes(truncated.read_bytes()[:1000])
+    data = bytearray(flipped.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    flipped.write_bytes(bytes(data))
+    out = run_script(tmp_path, TRAIN_AND_REPORT, TORCHTPU_CACHE_DIR=str(cache))
+    second = out.stdout.split(maxsplit=2)
+    assert int(second[0]) == 2 and second[2] == first[2], (first, second)
+    assert "truncated" in out.stderr and "checksum mismatch" in out.stderr, out.stderr
+    assert "recompiling and replacing it" in out.stderr
+    third = run_script(tmp_path, TRAIN_AND_REPORT, TORCHTPU_CACHE_DIR=str(cache)).stdout.split(maxsplit=2)
+    assert int(third[0]) == 0, third
+
+
+def test_cache_directory_stays_within_its_bound(tmp_path):
+    cache = tmp_path / "cache"
+    run_script(tmp_path, TRAIN_AND_REPORT, TORCHTPU_CACHE_DIR=str(cache), TORCHTPU_CACHE_SIZE_MB="1")
+    sizes = [p.stat().st_size for p in cache.glob("*.xla")]
+    assert sum(sizes) <= 1 << 20, sizes
+
+
+def test_recompilation_is_explained_with_the_source_line(tmp_path):
+    out = run_script(tmp_path, """
+        import torch, torchtpu
+        w = torch.randn(8, 8, device="tpu")
+        for rows in (4, 4, 6):
+            x = torch.randn(rows, 8).to("tpu")
+            y = (x @ w).relu()
+            y.sum().item()
+        print(torchtpu.metrics()["recompile_reasons"][-1])
+    """, TORCHTPU_LOG="1", TORCHTPU_CACHE_DIR="")
+    reason = out.stdout.strip()
+    assert "op 0 differs" in reason and "aten::mm" in reason, reason
+    assert "(f32[6, 8], f32[8, 8]) -> f32[6, 8] here" in reason and "(f32[4, 8], f32[8, 8]) -> f32[4, 8] there" in reason
+    assert "script.py:6" in reason, reason
+    assert "new fused program" in out.stderr
+
+
+def test_dump_dir_receives_each_new_program(tmp_path):
+    """The dumped program also shows what a flush keeps: its outputs are the
+    values still alive (x and the sum), not the dead intermediates."""
+    dump = tmp_path / "dump"
+    run_script(tmp_path, """
+        import torch
+        x = torch.randn(5, device="tpu")
+        print((x.exp() + 1).sum().item())
+    """, TORCHTPU_DUMP_DIR=str(dump), TORCHTPU_CACHE_DIR="")
+    programs = [p.read_text() for p in dump.glob("fused_program-*.mlir")]
+    assert len(programs) == 1, os.listdir(dump)
+    assert "stablehlo.exponential" in programs[0]
+    assert "-> (tensor<5xf32>, tensor<f32>)" in programs[0], programs[0]
+
+
+def test_size_bound_splits_long_traces(tmp_path):
+    out = run_script(tmp_path, """
+        import torch, torchtpu
+        x = torch.randn(16)
+        y = x.to("tpu")
+        for _ in range(200):
+            x, y = x * 0.5 + 1, y * 0.5 + 1
+        assert torch.equal(y.cpu(), x)
+        print(torchtpu.metrics()["flushes"].get("size_limit", 0))
+    """, TORCHTPU_FUSE_LIMIT="100", TORCHTPU_CACHE_DIR="")
+    assert int(out.stdout) >= 3, out.stdout
