@@ -88,7 +88,6 @@ pub fn compile(graph: &Graph, what: &str) -> Result<Arc<Program>> {
             })?;
             add(&METRICS.compile_ns, start.elapsed().as_nanos() as u64);
             bump(&METRICS.compilations);
-            METRICS.largest_graph.fetch_max(graph.nodes.len() as u64, std::sync::atomic::Ordering::Relaxed);
             if std::env::var_os("TORCHTPU_DUMP_DIR").is_some() {
                 dump(&mlir, what);
             }

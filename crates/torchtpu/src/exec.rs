@@ -346,7 +346,7 @@ pub fn read_bool(b: &DeviceBuffer) -> Result<bool> {
 fn execute(plan: &Plan, what: &str, args: &[Arg], device: usize) -> Result<Vec<Arc<DeviceBuffer>>> {
     let rt = runtime::get()?;
     let held: Vec<Arc<DeviceBuffer>> = plan.inputs.iter().map(|i| input(i, args, device)).collect::<Result<_>>()?;
-    let refs: Vec<&pjrt::Buffer> = held.iter().map(|b| &b.buf).collect();
+    let refs: Vec<&pjrt::Buffer> = held.iter().map(|b| &*b.buf).collect();
     let start = Instant::now();
     let program = plan.program()?;
     let raw = program.exe.execute(&refs, rt.device(device)?, &[]).map_err(|e| launch_error(e, what, device))?;

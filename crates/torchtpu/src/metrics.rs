@@ -23,6 +23,7 @@ pub struct Metrics {
     pub donated: AtomicU64,
     pub transfers_to_device: AtomicU64,
     pub transfers_to_host: AtomicU64,
+    /// Nodes of the largest fused program run.
     pub largest_graph: AtomicU64,
     pub fallbacks: Mutex<BTreeMap<String, u64>>,
     /// Fused-mode flushes by reason.

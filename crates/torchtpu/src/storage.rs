@@ -6,7 +6,8 @@
 //! value. Addresses handed to PyTorch are unique, never dereferenced, and the
 //! ranges of live storages never overlap.
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::mem::ManuallyDrop;
+use std::sync::{mpsc, Arc, Mutex, OnceLock};
 
 use crate::error::{Error, Result};
 use crate::ir::{Ty, V};
@@ -17,20 +18,40 @@ static NEXT_ADDR: AtomicU64 = AtomicU64::new(1 << 44);
 
 /// A device buffer together with the IR type of its contents.
 pub struct DeviceBuffer {
-    pub buf: pjrt::Buffer,
+    pub buf: ManuallyDrop<pjrt::Buffer>,
     pub ty: Ty,
 }
 
 impl DeviceBuffer {
     pub fn new(buf: pjrt::Buffer, ty: Ty) -> Arc<DeviceBuffer> {
         LIVE_BUFFERS.fetch_add(1, Ordering::Relaxed);
-        Arc::new(DeviceBuffer { buf, ty })
+        Arc::new(DeviceBuffer { buf: ManuallyDrop::new(buf), ty })
+    }
+}
+
+/// Freeing a PJRT buffer waits for the programs still using it, so buffers
+/// are freed on a thread of their own: dropping a tensor (or flushing a
+/// trace) never waits for the device.
+fn free(buf: pjrt::Buffer) {
+    static FREE: OnceLock<Mutex<mpsc::Sender<pjrt::Buffer>>> = OnceLock::new();
+    let sender = FREE.get_or_init(|| {
+        let (tx, rx) = mpsc::channel::<pjrt::Buffer>();
+        std::thread::Builder::new()
+            .name("torchtpu-free".into())
+            .spawn(move || rx.into_iter().for_each(drop))
+            .expect("spawning the buffer-freeing thread");
+        Mutex::new(tx)
+    });
+    if let Err(mpsc::SendError(buf)) = sender.lock().unwrap().send(buf) {
+        drop(buf);
     }
 }
 
 impl Drop for DeviceBuffer {
     fn drop(&mut self) {
         LIVE_BUFFERS.fetch_sub(1, Ordering::Relaxed);
+        // SAFETY: `buf` is not used after this.
+        free(unsafe { ManuallyDrop::take(&mut self.buf) });
     }
 }
 

@@ -400,9 +400,10 @@ fn run(trace: Trace, live: &[Arc<Pending>]) -> Result<()> {
     }
     let program = program(&trace, &lowered.graph)?;
     let rt = runtime::get()?;
-    let args: Vec<&pjrt::Buffer> = lowered.params.iter().map(|&n| &trace.params[n].buf).collect();
+    let args: Vec<&pjrt::Buffer> = lowered.params.iter().map(|&n| &*trace.params[n].buf).collect();
     let kept: Vec<i64> = (0..args.len()).filter(|&k| lowered.graph.donors[k].is_none()).map(|k| k as i64).collect();
     add(&METRICS.donated, (args.len() - kept.len()) as u64);
+    METRICS.largest_graph.fetch_max(lowered.graph.nodes.len() as u64, std::sync::atomic::Ordering::Relaxed);
     let start = Instant::now();
     let raw = program
         .exe
