@@ -25,7 +25,9 @@ test: build
 	$(PY) -m pytest -q tests
 
 bench: build
+	$(VENV)/bin/pip install -q -r bench/requirements.txt
 	$(PY) bench/dispatch.py
+	$(PY) bench/training.py
 
 clean:
 	rm -rf target $(VENV)

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 import torchtpu
 
-from conftest import to_tpu
+from conftest import synced, to_tpu
 
 
 @pytest.fixture(autouse=True)
@@ -53,7 +53,7 @@ def compare(fn, *args, grad=False, **tol):
 
 def error_of(fn):
     with pytest.raises(Exception) as info:
-        fn()
+        synced(fn)
     return info.value
 
 
