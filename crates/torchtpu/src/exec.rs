@@ -52,6 +52,9 @@ pub struct Plan {
     program: Arc<Program>,
     inputs: Vec<Input>,
     outputs: Vec<Ty>,
+    /// Positions of undefined results among the lowering's results (the
+    /// program computes only the others).
+    undefined: Vec<usize>,
     /// Data-dependent errors, with output indices for their flag and value.
     checks: Vec<lower::Check>,
 }
@@ -159,7 +162,9 @@ fn signature(op: &OpDef, args: &[Arg]) -> Key {
 
 fn build(op: &OpDef, args: &[Arg], device: usize) -> Result<Plan> {
     let mut cx = Cx::new(op, args, device);
-    let outputs = (op.entry.lower)(&mut cx)?;
+    let results = (op.entry.lower)(&mut cx)?;
+    let undefined = (0..results.len()).filter(|&i| results[i] == lower::UNDEFINED).collect();
+    let outputs: Vec<_> = results.into_iter().filter(|&v| v != lower::UNDEFINED).collect();
     let mut g = std::mem::take(&mut cx.g);
     g.outputs = outputs.clone();
     let mut checks = Vec::new();
@@ -174,7 +179,7 @@ fn build(op: &OpDef, args: &[Arg], device: usize) -> Result<Plan> {
     }
     let program = cache::compile(&g, &op.name)?;
     let outputs = outputs.iter().map(|&v| g.ty(v).clone()).collect();
-    Ok(Plan { program, inputs: cx.inputs, outputs, checks })
+    Ok(Plan { program, inputs: cx.inputs, outputs, undefined, checks })
 }
 
 fn plan(op: &OpDef, args: &[Arg], device: usize) -> Result<Arc<Plan>> {
@@ -391,19 +396,24 @@ fn device_of(op: &OpDef, args: &[Arg]) -> Result<usize> {
     Ok(found.unwrap_or(0))
 }
 
-/// Runs a functional operator; its results are fresh storages.
-pub fn run_op(op: &OpDef, args: &[Arg]) -> Result<Vec<Arc<Storage>>> {
+/// Runs a functional operator; its results are fresh storages (None for
+/// undefined ones).
+pub fn run_op(op: &OpDef, args: &[Arg]) -> Result<Vec<Option<Arc<Storage>>>> {
     bump(&METRICS.ops);
     let device = device_of(op, args)?;
     let plan = plan(op, args, device)?;
     let outs = execute(&plan, &op.name, args, device)?;
-    Ok(outs
+    let mut results: Vec<_> = outs
         .into_iter()
         .map(|b| {
             let nbytes = b.ty.numel() * b.ty.dtype.size() as i64;
-            Storage::new(device, nbytes, Some(b))
+            Some(Storage::new(device, nbytes, Some(b)))
         })
-        .collect())
+        .collect();
+    for &i in &plan.undefined {
+        results.insert(i, None);
+    }
+    Ok(results)
 }
 
 // ------------------------------------------------------------------ copies
