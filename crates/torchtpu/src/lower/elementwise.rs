@@ -76,6 +76,8 @@ pub static ENTRIES: &[Entry] = &[
     op("addcmul", |cx| addc(cx, "stablehlo.multiply")),
     op("addcdiv", |cx| addc(cx, "stablehlo.divide")),
     op("isnan", isnan),
+    op("isposinf", |cx| is_infinity(cx, f64::INFINITY)),
+    op("isneginf", |cx| is_infinity(cx, f64::NEG_INFINITY)),
 ];
 
 /// float16/bfloat16 are computed in float32 (PyTorch's "opmath" type).
@@ -751,4 +753,15 @@ fn sigmoid_backward(cx: &mut Cx) -> Result<Vec<V>> {
 fn isnan(cx: &mut Cx) -> Result<Vec<V>> {
     let x = cx.tensor("self")?;
     Ok(vec![cx.g.compare("NE", x, x)])
+}
+
+/// `self == inf` (of that sign); never true for integers and bools.
+fn is_infinity(cx: &mut Cx, inf: f64) -> Result<Vec<V>> {
+    let t = cx.meta("self")?;
+    if !t.dtype.is_float() {
+        return Ok(vec![cx.g.full(0.0, DType::Bool, t.sizes)]);
+    }
+    let x = cx.tensor("self")?;
+    let inf = cx.g.full(inf, t.dtype, t.sizes);
+    Ok(vec![cx.g.compare("EQ", x, inf)])
 }
