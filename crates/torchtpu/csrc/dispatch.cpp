@@ -277,9 +277,9 @@ void fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   } results{{raw, raw + count}};
 
   // Mutated arguments besides out= and self take the last results, one per
-  // defined tensor.
+  // defined tensor (an absent Tensor? may arrive as None or undefined).
   for (auto i = entry.mutated.rbegin(); i != entry.mutated.rend(); ++i) {
-    if (!inputs[*i].isTensor()) continue;
+    if (!inputs[*i].isTensor() || !inputs[*i].toTensor().defined()) continue;
     TORCH_CHECK(results.list.size() > results.taken, "torchtpu: ", schema.name(), " returned too few results");
     TtResult r = results.list.back();
     results.list.pop_back();  // write_result owns it now

@@ -12,6 +12,7 @@
 //! convolves the input with grad_output, batch and feature roles swapped.
 use super::elementwise::{finish, not_implemented, opmath};
 use super::{op, Cx, Entry, UNDEFINED};
+use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::ir::{dilated, Conv, ReduceKind, V};
 
@@ -53,12 +54,27 @@ fn params(cx: &Cx, spatial: usize) -> Result<Params> {
     })
 }
 
-/// Reads the float tensors of a convolution in their compute type; CPU has
-/// no integer or bool convolutions.
-fn operand(cx: &mut Cx, name: &str) -> Result<V> {
+/// The CPU kernel that runs a convolution of these parameters and kernel
+/// size, as named in its error for bool tensors (the one dtype CPU has no
+/// convolution for).
+fn cpu_kernel(p: &Params, kernel: &[i64]) -> &'static str {
+    let ones = |v: &[i64]| v.iter().all(|&x| x == 1);
+    match (p.transposed, kernel.len()) {
+        (true, 3) => "slow_conv_transpose3d_out_cpu",
+        (true, _) => "slow_conv_transpose2d_out_cpu",
+        _ if !ones(&p.dilation) => "slow_conv_dilated<>",
+        // Unless it is a pointwise product, it first gathers columns.
+        (false, 3) if !ones(kernel) || !ones(&p.stride) || p.padding.iter().any(|&x| x != 0) => "compute_columns3d",
+        (false, 3) => "slow_conv3d_cpu",
+        _ => "slow_conv2d_cpu",
+    }
+}
+
+/// Reads a tensor of a convolution in its compute type.
+fn operand(cx: &mut Cx, name: &str, p: &Params) -> Result<V> {
     let dtype = cx.meta(name)?.dtype;
-    if !dtype.is_float() {
-        return Err(not_implemented("slow_conv2d_cpu", dtype));
+    if dtype == DType::Bool {
+        return Err(not_implemented(cpu_kernel(p, &cx.meta("weight")?.sizes[2..]), dtype));
     }
     let v = cx.tensor(name)?;
     Ok(cx.g.convert(v, opmath(dtype)))
@@ -222,8 +238,8 @@ fn kernel_grad(cx: &mut Cx, g: V, input: V, c: &Conv, rhs: &[i64]) -> V {
 fn convolution(cx: &mut Cx) -> Result<Vec<V>> {
     let (xt, wt) = (cx.meta("input")?, cx.meta("weight")?);
     let p = params(cx, wt.sizes.len().saturating_sub(2))?;
-    let x = operand(cx, "input")?;
-    let w = operand(cx, "weight")?;
+    let x = operand(cx, "input", &p)?;
+    let w = operand(cx, "weight", &p)?;
     let rhs = kernel(cx, w, &p);
     let mut y = cx.g.convolution(x, rhs, forward_conv(&p, wt.sizes));
     if let Some(b) = cx.opt_tensor("bias")? {
@@ -241,17 +257,17 @@ fn convolution_backward(cx: &mut Cx) -> Result<Vec<V>> {
     let (xt, wt) = (cx.meta("input")?, cx.meta("weight")?);
     let p = params(cx, wt.sizes.len().saturating_sub(2))?;
     let mask = cx.bools("output_mask")?;
-    let g = operand(cx, "grad_output")?;
+    let g = operand(cx, "grad_output", &p)?;
     let c = forward_conv(&p, wt.sizes);
     let mut out = vec![UNDEFINED; 3];
     if mask[0] {
-        let w = operand(cx, "weight")?;
+        let w = operand(cx, "weight", &p)?;
         let k = kernel(cx, w, &p);
         let gi = input_grad(cx, g, k, &c, xt.sizes);
         out[0] = cx.g.convert(gi, xt.dtype);
     }
     if mask[1] {
-        let x = operand(cx, "input")?;
+        let x = operand(cx, "input", &p)?;
         let mut kernel_shape = wt.sizes.to_vec();
         if p.transposed {
             kernel_shape[0] = wt.sizes[1] * p.groups;

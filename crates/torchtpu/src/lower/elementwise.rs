@@ -98,7 +98,7 @@ pub(super) fn finish(cx: &mut Cx, v: V, dtype: DType) -> Result<Vec<V>> {
 
 /// `x` (in opmath) rounded to `dtype` and back: the CPU kernels of
 /// float16/bfloat16 round some intermediate results. Identity otherwise.
-fn round_to(cx: &mut Cx, x: V, dtype: DType) -> V {
+pub(super) fn round_to(cx: &mut Cx, x: V, dtype: DType) -> V {
     let ct = cx.g.ty(x).dtype;
     let r = cx.g.convert(x, dtype);
     cx.g.convert(r, ct)

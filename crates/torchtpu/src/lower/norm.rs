@@ -7,7 +7,7 @@
 //! type; like CPU, they are returned in float32 when a float16/bfloat16
 //! input comes with float32 parameters ("mixed type"), else in the input's
 //! dtype. `eps` and `momentum` are runtime operands.
-use super::elementwise::opmath;
+use super::elementwise::{not_implemented, opmath, round_to};
 use super::nn::reduce_back;
 use super::{op, op_writes, Cx, Entry, UNDEFINED};
 use crate::dtype::DType;
@@ -46,6 +46,17 @@ fn stats_dtype(cx: &Cx, input: DType, params: &[&str]) -> Result<DType> {
     let mixed = opmath(input) != input
         && params.iter().any(|p| cx.has(p) && !cx.is_none(p) && cx.meta(p).is_ok_and(|t| t.dtype == DType::F32));
     Ok(if mixed { DType::F32 } else { input })
+}
+
+/// The compute type of a normalization of `input`. CPU's `kernel` has no
+/// integer or bool version; `empty_ok`: empty inputs never reach it.
+fn compute_type(cx: &Cx, kernel: &str, empty_ok: bool) -> Result<DType> {
+    let t = cx.meta("input")?;
+    match t.dtype {
+        d if d.is_float() => Ok(opmath(d)),
+        d if !(empty_ok && t.numel() == 0) => Err(not_implemented(kernel, d)),
+        _ => Ok(DType::F32),
+    }
 }
 
 /// Tensor `name` in `ct`.
@@ -103,10 +114,28 @@ fn squeeze(cx: &mut Cx, x: V, dims: &[usize]) -> V {
     cx.g.reshape(one, &kept)
 }
 
-/// `(x - mean) rstd` with the statistics broadcast to x's shape.
+/// `xhat` as CPU's layer norm computes it, `x rstd - mean rstd`, with the
+/// statistics broadcast to x's shape.
 fn normalize(cx: &mut Cx, x: V, mean: V, rstd: V) -> V {
-    let centered = sub(cx, x, mean);
-    mul(cx, centered, rstd)
+    let xs = mul(cx, x, rstd);
+    let ms = mul(cx, mean, rstd);
+    sub(cx, xs, ms)
+}
+
+/// `xhat w + b` as CPU's batch and group norms compute it: `x a + (b - mean a)`
+/// with `a = rstd w`.
+fn normalize_affine(cx: &mut Cx, x: V, mean: V, rstd: V, w: Option<V>, b: Option<V>) -> V {
+    let a = match w {
+        Some(w) => mul(cx, rstd, w),
+        None => rstd,
+    };
+    let ma = mul(cx, mean, a);
+    let shift = match b {
+        Some(b) => sub(cx, b, ma),
+        None => cx.g.unary("stablehlo.negate", ma),
+    };
+    let xa = mul(cx, x, a);
+    add(cx, xa, shift)
 }
 
 /// `y w + b` for the parameters present.
@@ -156,13 +185,16 @@ fn batch_norm(cx: &mut Cx) -> Result<Vec<V>> {
     let shape = xt.sizes;
     let dims: Vec<usize> = (0..shape.len()).filter(|&d| d != 1).collect();
     let training = cx.has("training") && cx.bool("training")?;
-    let ct = opmath(xt.dtype);
+    let ct = compute_type(cx, "batch_norm", true)?;
     let sdt = stats_dtype(cx, xt.dtype, &["weight", "bias", "running_mean", "running_var"])?;
     let x = read(cx, "input", ct)?;
     let (mut outs, mut writes) = (Vec::new(), Vec::new());
     let (mean, rstd) = if training {
         let (mean, var) = moments(cx, x, &dims);
+        // CPU normalizes with the statistics as saved (rounded to float16/bfloat16).
+        let mean = round_to(cx, mean, sdt);
         let rstd = rstd(cx, var)?;
+        let rstd = round_to(cx, rstd, sdt);
         let (m, v) = (squeeze(cx, mean, &dims), squeeze(cx, var, &dims));
         let r = squeeze(cx, rstd, &dims);
         outs.extend([cx.g.convert(m, sdt), cx.g.convert(r, sdt)]);
@@ -202,8 +234,7 @@ fn batch_norm(cx: &mut Cx) -> Result<Vec<V>> {
     };
     let w = param(cx, "weight", ct, shape, &[1])?;
     let b = param(cx, "bias", ct, shape, &[1])?;
-    let xhat = normalize(cx, x, mean, rstd);
-    let y = scale_shift(cx, xhat, w, b);
+    let y = normalize_affine(cx, x, mean, rstd, w, b);
     let mut results = vec![cx.g.convert(y, xt.dtype)];
     results.extend(outs);
     results.extend(writes);
@@ -289,7 +320,7 @@ fn layer_norm(cx: &mut Cx) -> Result<Vec<V>> {
     let shape = xt.sizes;
     let dims: Vec<usize> = (axis..shape.len()).collect();
     let trailing: Vec<i64> = (axis as i64..shape.len() as i64).collect();
-    let ct = opmath(xt.dtype);
+    let ct = compute_type(cx, "LayerNormKernelImpl", false)?;
     let sdt = stats_dtype(cx, xt.dtype, &["weight", "bias"])?;
     let x = read(cx, "input", ct)?;
     let (mean, var) = moments(cx, x, &dims);
@@ -367,17 +398,23 @@ fn group_shapes(cx: &Cx) -> Result<([i64; 3], [i64; 3])> {
 fn group_norm(cx: &mut Cx) -> Result<Vec<V>> {
     let (grouped, channels) = group_shapes(cx)?;
     let xt = cx.meta("input")?;
-    let ct = opmath(xt.dtype);
+    let ct = compute_type(cx, "GroupNormKernelImpl", true)?;
     let sdt = stats_dtype(cx, xt.dtype, &["weight", "bias"])?;
     let x = read(cx, "input", ct)?;
     let x = cx.g.reshape(x, &grouped);
     let (mean, var) = moments(cx, x, &[2]);
     let rstd = rstd(cx, var)?;
-    let xhat = normalize(cx, x, mean, rstd);
-    let xhat = cx.g.reshape(xhat, &channels);
+    let x = cx.g.reshape(x, &channels);
+    let per_channel = |cx: &mut Cx, s: V| {
+        let s = squeeze(cx, s, &[2]);
+        let s = cx.g.broadcast_in_dim(s, &[grouped[0], grouped[1], channels[1] / grouped[1]], &[0, 1]);
+        let s = cx.g.reshape(s, &channels[..2]);
+        cx.g.broadcast_in_dim(s, &channels, &[0, 1])
+    };
+    let (m, r) = (per_channel(cx, mean), per_channel(cx, rstd));
     let w = param(cx, "weight", ct, &channels, &[1])?;
     let b = param(cx, "bias", ct, &channels, &[1])?;
-    let y = scale_shift(cx, xhat, w, b);
+    let y = normalize_affine(cx, x, m, r, w, b);
     let y = cx.g.reshape(y, xt.sizes);
     let mut results = vec![cx.g.convert(y, xt.dtype)];
     for s in [mean, rstd] {
