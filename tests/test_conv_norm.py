@@ -14,7 +14,6 @@ import torch.nn.functional as F
 import torchtpu
 
 
-
 @pytest.fixture(autouse=True)
 def seeded_without_fallbacks():
     torch.manual_seed(0)

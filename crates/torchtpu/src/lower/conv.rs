@@ -10,6 +10,8 @@
 //! convolution whatever it computes (as JAX's `_conv_general_dilated_transpose_*`):
 //! the input's convolves grad_output with the reversed kernel, the kernel's
 //! convolves the input with grad_output, batch and feature roles swapped.
+//! Integer tensors convolve in their own type, as on CPU; bool ones raise
+//! CPU's error.
 use super::elementwise::{finish, not_implemented, opmath};
 use super::{op, Cx, Entry, UNDEFINED};
 use crate::dtype::DType;
