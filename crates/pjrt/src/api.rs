@@ -93,10 +93,7 @@ impl Api {
             ));
         }
         let shown = path.display().to_string();
-        let with_path = |e: Error| Error {
-            message: format!("PJRT plugin {shown}: {}", e.message),
-            ..e
-        };
+        let with_path = |e: Error| Error { message: format!("PJRT plugin {shown}: {}", e.message), ..e };
         let mut api = Api {
             // SAFETY: checked above that the table is at least as large as our struct.
             raw: unsafe { &*raw },
@@ -149,10 +146,7 @@ impl Api {
         let f = f.ok_or_else(|| {
             Error::new(
                 sys::PJRT_Error_Code_PJRT_Error_Code_UNIMPLEMENTED,
-                format!(
-                    "PJRT plugin {} does not implement {name}",
-                    self.path.display()
-                ),
+                format!("PJRT plugin {} does not implement {name}", self.path.display()),
             )
         })?;
         // SAFETY: the caller's contract.

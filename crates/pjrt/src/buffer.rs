@@ -109,10 +109,7 @@ impl Buffer {
         self.await_ready()?;
         // The direct read costs ~0.2 µs against ~15 µs for ToHostBuffer, which hops to
         // a worker thread even for 4 bytes on the CPU plugin.
-        if self.client.host_memory
-            && self.on_device_size()? == dst.len()
-            && self.read_host_memory(dst).is_some()
-        {
+        if self.client.host_memory && self.on_device_size()? == dst.len() && self.read_host_memory(dst).is_some() {
             return Ok(());
         }
         self.read_through_plugin(dst)
@@ -124,26 +121,12 @@ impl Buffer {
         let mut increase = sys::PJRT_Buffer_IncreaseExternalReferenceCount_Args::zeroed();
         increase.buffer = self.raw();
         // SAFETY: the buffer is live.
-        unsafe {
-            call!(
-                self.api(),
-                PJRT_Buffer_IncreaseExternalReferenceCount,
-                &mut increase
-            )
-        }
-        .ok()?;
+        unsafe { call!(self.api(), PJRT_Buffer_IncreaseExternalReferenceCount, &mut increase) }.ok()?;
         let _reference = ExternalReference(self);
         let mut pointer = sys::PJRT_Buffer_OpaqueDeviceMemoryDataPointer_Args::zeroed();
         pointer.buffer = self.raw();
         // SAFETY: the buffer is live.
-        unsafe {
-            call!(
-                self.api(),
-                PJRT_Buffer_OpaqueDeviceMemoryDataPointer,
-                &mut pointer
-            )
-        }
-        .ok()?;
+        unsafe { call!(self.api(), PJRT_Buffer_OpaqueDeviceMemoryDataPointer, &mut pointer) }.ok()?;
         let src = pointer.device_memory_ptr.cast::<u8>().cast_const();
         if src.is_null() {
             return None;
@@ -185,13 +168,7 @@ impl Drop for ExternalReference<'_> {
         let mut args = sys::PJRT_Buffer_DecreaseExternalReferenceCount_Args::zeroed();
         args.buffer = self.0.raw();
         // SAFETY: the reference was taken by `read_host_memory`.
-        let _ = unsafe {
-            call!(
-                self.0.api(),
-                PJRT_Buffer_DecreaseExternalReferenceCount,
-                &mut args
-            )
-        };
+        let _ = unsafe { call!(self.0.api(), PJRT_Buffer_DecreaseExternalReferenceCount, &mut args) };
     }
 }
 
@@ -206,10 +183,7 @@ impl Drop for Buffer {
 
 impl fmt::Debug for Buffer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Buffer")
-            .field("element_type", &self.element_type())
-            .field("dims", &self.dims())
-            .finish()
+        f.debug_struct("Buffer").field("element_type", &self.element_type()).field("dims", &self.dims()).finish()
     }
 }
 
@@ -224,9 +198,7 @@ mod tests {
         let client = Client::new(api, &[("cpu_device_count", NamedValue::Int64(1))]).unwrap();
         let device = client.addressable_devices()[0];
         let data: Vec<u8> = (0..16).collect();
-        let buffer = client
-            .buffer_from_host(&data, ElementType::U8, &[4, 4], device)
-            .unwrap();
+        let buffer = client.buffer_from_host(&data, ElementType::U8, &[4, 4], device).unwrap();
         let (mut direct, mut copied) = ([0u8; 16], [0u8; 16]);
         assert!(buffer.read_host_memory(&mut direct).is_some());
         buffer.read_through_plugin(&mut copied).unwrap();

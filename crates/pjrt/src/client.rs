@@ -46,9 +46,7 @@ impl Client {
     pub fn new(api: &'static Api, options: &[(&str, NamedValue)]) -> Result<Client> {
         for (name, value) in options {
             if INT64_OPTIONS.contains(name) && !matches!(value, NamedValue::Int64(_)) {
-                return Err(Error::invalid_argument(format!(
-                    "client option {name} must be an Int64, got {value:?}"
-                )));
+                return Err(Error::invalid_argument(format!("client option {name} must be an Int64, got {value:?}")));
             }
         }
         let raw_options: Vec<_> = options.iter().map(|(n, v)| v.to_raw(n)).collect();
@@ -68,9 +66,7 @@ impl Client {
             host_memory: false,
         };
         inner.describe()?;
-        Ok(Client {
-            inner: Arc::new(inner),
-        })
+        Ok(Client { inner: Arc::new(inner) })
     }
 
     /// The platform, e.g. `"cpu"`, `"cuda"` or `"tpu"`.
@@ -120,29 +116,16 @@ impl Client {
         args.serialized_executable = bytes.as_ptr().cast::<c_char>();
         args.serialized_executable_size = bytes.len();
         // SAFETY: `bytes` outlives the call.
-        unsafe {
-            call!(
-                self.inner.api,
-                PJRT_Executable_DeserializeAndLoad,
-                &mut args
-            )
-        }?;
+        unsafe { call!(self.inner.api, PJRT_Executable_DeserializeAndLoad, &mut args) }?;
         LoadedExecutable::from_raw(self.inner.clone(), args.loaded_executable)
     }
 
     /// Copies dense row-major host `data` into a new buffer on `device`. The copy is
     /// complete when this returns, so `data` may be reused at once.
-    pub fn buffer_from_host(
-        &self,
-        data: &[u8],
-        ty: ElementType,
-        dims: &[i64],
-        device: Device<'_>,
-    ) -> Result<Buffer> {
+    pub fn buffer_from_host(&self, data: &[u8], ty: ElementType, dims: &[i64], device: Device<'_>) -> Result<Buffer> {
         self.inner.check_device(device)?;
-        let size = dims.iter().try_fold(ty.byte_size(), |size, &d| {
-            usize::try_from(d).ok().and_then(|d| size.checked_mul(d))
-        });
+        let size =
+            dims.iter().try_fold(ty.byte_size(), |size, &d| usize::try_from(d).ok().and_then(|d| size.checked_mul(d)));
         if size != Some(data.len()) {
             return Err(Error::invalid_argument(format!(
                 "host data of {} bytes does not match a {ty:?}{dims:?} buffer",
@@ -155,8 +138,7 @@ impl Client {
         args.type_ = ty.into();
         args.dims = dims.as_ptr();
         args.num_dims = dims.len();
-        args.host_buffer_semantics =
-            sys::PJRT_HostBufferSemantics_PJRT_HostBufferSemantics_kImmutableOnlyDuringCall;
+        args.host_buffer_semantics = sys::PJRT_HostBufferSemantics_PJRT_HostBufferSemantics_kImmutableOnlyDuringCall;
         args.device = device.raw();
         // SAFETY: `data` holds exactly the bytes described and outlives the call, the
         // only time the plugin may read it under these semantics.
@@ -189,8 +171,7 @@ impl ClientInner {
             call!(api, PJRT_Client_PlatformVersion, &mut version)?;
             call!(api, PJRT_Client_AddressableDevices, &mut devices)?;
             self.platform_name = ffi::string(name.platform_name, name.platform_name_size);
-            self.platform_version =
-                ffi::string(version.platform_version, version.platform_version_size);
+            self.platform_version = ffi::string(version.platform_version, version.platform_version_size);
             self.devices = ffi::slice(devices.addressable_devices, devices.num_addressable_devices)
                 .iter()
                 .map(|&d| DeviceInfo::query(api, d))
@@ -205,9 +186,7 @@ impl ClientInner {
         if self.devices.iter().any(|d| d.raw == device.raw()) {
             Ok(())
         } else {
-            Err(Error::invalid_argument(format!(
-                "device {device:?} is not an addressable device of this client"
-            )))
+            Err(Error::invalid_argument(format!("device {device:?} is not an addressable device of this client")))
         }
     }
 }

@@ -24,81 +24,21 @@ pub enum ElementType {
 
 /// Each type with its C code and its size in bytes.
 const TABLE: [(ElementType, sys::PJRT_Buffer_Type, usize); 15] = [
-    (
-        ElementType::Pred,
-        sys::PJRT_Buffer_Type_PJRT_Buffer_Type_PRED,
-        1,
-    ),
-    (
-        ElementType::S8,
-        sys::PJRT_Buffer_Type_PJRT_Buffer_Type_S8,
-        1,
-    ),
-    (
-        ElementType::S16,
-        sys::PJRT_Buffer_Type_PJRT_Buffer_Type_S16,
-        2,
-    ),
-    (
-        ElementType::S32,
-        sys::PJRT_Buffer_Type_PJRT_Buffer_Type_S32,
-        4,
-    ),
-    (
-        ElementType::S64,
-        sys::PJRT_Buffer_Type_PJRT_Buffer_Type_S64,
-        8,
-    ),
-    (
-        ElementType::U8,
-        sys::PJRT_Buffer_Type_PJRT_Buffer_Type_U8,
-        1,
-    ),
-    (
-        ElementType::U16,
-        sys::PJRT_Buffer_Type_PJRT_Buffer_Type_U16,
-        2,
-    ),
-    (
-        ElementType::U32,
-        sys::PJRT_Buffer_Type_PJRT_Buffer_Type_U32,
-        4,
-    ),
-    (
-        ElementType::U64,
-        sys::PJRT_Buffer_Type_PJRT_Buffer_Type_U64,
-        8,
-    ),
-    (
-        ElementType::F16,
-        sys::PJRT_Buffer_Type_PJRT_Buffer_Type_F16,
-        2,
-    ),
-    (
-        ElementType::BF16,
-        sys::PJRT_Buffer_Type_PJRT_Buffer_Type_BF16,
-        2,
-    ),
-    (
-        ElementType::F32,
-        sys::PJRT_Buffer_Type_PJRT_Buffer_Type_F32,
-        4,
-    ),
-    (
-        ElementType::F64,
-        sys::PJRT_Buffer_Type_PJRT_Buffer_Type_F64,
-        8,
-    ),
-    (
-        ElementType::C64,
-        sys::PJRT_Buffer_Type_PJRT_Buffer_Type_C64,
-        8,
-    ),
-    (
-        ElementType::C128,
-        sys::PJRT_Buffer_Type_PJRT_Buffer_Type_C128,
-        16,
-    ),
+    (ElementType::Pred, sys::PJRT_Buffer_Type_PJRT_Buffer_Type_PRED, 1),
+    (ElementType::S8, sys::PJRT_Buffer_Type_PJRT_Buffer_Type_S8, 1),
+    (ElementType::S16, sys::PJRT_Buffer_Type_PJRT_Buffer_Type_S16, 2),
+    (ElementType::S32, sys::PJRT_Buffer_Type_PJRT_Buffer_Type_S32, 4),
+    (ElementType::S64, sys::PJRT_Buffer_Type_PJRT_Buffer_Type_S64, 8),
+    (ElementType::U8, sys::PJRT_Buffer_Type_PJRT_Buffer_Type_U8, 1),
+    (ElementType::U16, sys::PJRT_Buffer_Type_PJRT_Buffer_Type_U16, 2),
+    (ElementType::U32, sys::PJRT_Buffer_Type_PJRT_Buffer_Type_U32, 4),
+    (ElementType::U64, sys::PJRT_Buffer_Type_PJRT_Buffer_Type_U64, 8),
+    (ElementType::F16, sys::PJRT_Buffer_Type_PJRT_Buffer_Type_F16, 2),
+    (ElementType::BF16, sys::PJRT_Buffer_Type_PJRT_Buffer_Type_BF16, 2),
+    (ElementType::F32, sys::PJRT_Buffer_Type_PJRT_Buffer_Type_F32, 4),
+    (ElementType::F64, sys::PJRT_Buffer_Type_PJRT_Buffer_Type_F64, 8),
+    (ElementType::C64, sys::PJRT_Buffer_Type_PJRT_Buffer_Type_C64, 8),
+    (ElementType::C128, sys::PJRT_Buffer_Type_PJRT_Buffer_Type_C128, 16),
 ];
 
 impl ElementType {
@@ -118,16 +58,12 @@ impl TryFrom<sys::PJRT_Buffer_Type> for ElementType {
     type Error = Error;
 
     fn try_from(code: sys::PJRT_Buffer_Type) -> Result<Self, Error> {
-        TABLE
-            .iter()
-            .find(|(_, c, _)| *c == code)
-            .map(|(ty, _, _)| *ty)
-            .ok_or_else(|| {
-                Error::new(
-                    sys::PJRT_Error_Code_PJRT_Error_Code_UNIMPLEMENTED,
-                    format!("unsupported PJRT_Buffer_Type {code}"),
-                )
-            })
+        TABLE.iter().find(|(_, c, _)| *c == code).map(|(ty, _, _)| *ty).ok_or_else(|| {
+            Error::new(
+                sys::PJRT_Error_Code_PJRT_Error_Code_UNIMPLEMENTED,
+                format!("unsupported PJRT_Buffer_Type {code}"),
+            )
+        })
     }
 }
 

@@ -17,17 +17,11 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 impl Error {
     pub(crate) fn new(code: sys::PJRT_Error_Code, message: impl Into<String>) -> Self {
-        Error {
-            code: code as i32,
-            message: message.into(),
-        }
+        Error { code: code as i32, message: message.into() }
     }
 
     pub(crate) fn invalid_argument(message: impl Into<String>) -> Self {
-        Self::new(
-            sys::PJRT_Error_Code_PJRT_Error_Code_INVALID_ARGUMENT,
-            message,
-        )
+        Self::new(sys::PJRT_Error_Code_PJRT_Error_Code_INVALID_ARGUMENT, message)
     }
 
     /// The code's name, e.g. `"INVALID_ARGUMENT"`.
@@ -51,11 +45,7 @@ impl Error {
             "DATA_LOSS",
             "UNAUTHENTICATED",
         ];
-        usize::try_from(self.code)
-            .ok()
-            .and_then(|i| NAMES.get(i))
-            .copied()
-            .unwrap_or("UNKNOWN")
+        usize::try_from(self.code).ok().and_then(|i| NAMES.get(i)).copied().unwrap_or("UNKNOWN")
     }
 }
 

@@ -52,8 +52,6 @@ impl Drop for Event {
 
 impl std::fmt::Debug for Event {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Event")
-            .field("ready", &self.is_ready())
-            .finish()
+        f.debug_struct("Event").field("ready", &self.is_ready()).finish()
     }
 }

@@ -29,19 +29,11 @@ unsafe impl Sync for LoadedExecutable {}
 
 impl LoadedExecutable {
     /// Takes ownership of an executable returned by the plugin.
-    pub(crate) fn from_raw(
-        client: Arc<ClientInner>,
-        raw: *mut sys::PJRT_LoadedExecutable,
-    ) -> Result<LoadedExecutable> {
+    pub(crate) fn from_raw(client: Arc<ClientInner>, raw: *mut sys::PJRT_LoadedExecutable) -> Result<LoadedExecutable> {
         let raw = NonNull::new(raw).ok_or_else(|| no_result(client.api, "executable"))?;
         // Owned from here on, so that an error below still destroys it.
-        let mut exe = LoadedExecutable {
-            client,
-            raw,
-            executable: ptr::null_mut(),
-            num_outputs: 0,
-            devices: Vec::new(),
-        };
+        let mut exe =
+            LoadedExecutable { client, raw, executable: ptr::null_mut(), num_outputs: 0, devices: Vec::new() };
         let api = exe.client.api;
         let mut get = sys::PJRT_LoadedExecutable_GetExecutable_Args::zeroed();
         get.loaded_executable = raw.as_ptr();
@@ -55,8 +47,7 @@ impl LoadedExecutable {
             outputs.executable = get.executable;
             call!(api, PJRT_Executable_NumOutputs, &mut outputs)?;
             call!(api, PJRT_LoadedExecutable_AddressableDevices, &mut devices)?;
-            exe.devices =
-                ffi::slice(devices.addressable_devices, devices.num_addressable_devices).to_vec();
+            exe.devices = ffi::slice(devices.addressable_devices, devices.num_addressable_devices).to_vec();
         }
         exe.num_outputs = outputs.num_outputs;
         Ok(exe)
@@ -73,19 +64,9 @@ impl LoadedExecutable {
     /// `tf.aliasing_output`) are consumed, so they read as deleted afterwards, unless
     /// their index is in `non_donatable`. Passing the same buffer twice to donated
     /// parameters is an error: mark the duplicates non-donatable.
-    pub fn execute(
-        &self,
-        args: &[&Buffer],
-        device: Device<'_>,
-        non_donatable: &[i64],
-    ) -> Result<Vec<Buffer>> {
-        if let Some(i) = args
-            .iter()
-            .position(|b| !Arc::ptr_eq(b.client(), &self.client))
-        {
-            return Err(Error::invalid_argument(format!(
-                "argument {i} belongs to another client"
-            )));
+    pub fn execute(&self, args: &[&Buffer], device: Device<'_>, non_donatable: &[i64]) -> Result<Vec<Buffer>> {
+        if let Some(i) = args.iter().position(|b| !Arc::ptr_eq(b.client(), &self.client)) {
+            return Err(Error::invalid_argument(format!("argument {i} belongs to another client")));
         }
         let execute_device = self.launch_device(device)?;
         let inputs: Vec<_> = args.iter().map(|b| b.raw()).collect();
@@ -107,10 +88,7 @@ impl LoadedExecutable {
         // SAFETY: all pointers refer to locals that outlive the call; the output list
         // has room for `num_outputs` buffers.
         unsafe { call!(self.client.api, PJRT_LoadedExecutable_Execute, &mut exec) }?;
-        outputs
-            .into_iter()
-            .map(|raw| Buffer::from_raw(self.client.clone(), raw))
-            .collect()
+        outputs.into_iter().map(|raw| Buffer::from_raw(self.client.clone(), raw)).collect()
     }
 
     /// The `execute_device` to pass: none for the device the program was compiled for
@@ -123,9 +101,9 @@ impl LoadedExecutable {
                 self.client.check_device(device)?;
                 Ok(device.raw())
             }
-            _ => Err(Error::invalid_argument(format!(
-                "the executable was compiled for another device than {device:?}"
-            ))),
+            _ => {
+                Err(Error::invalid_argument(format!("the executable was compiled for another device than {device:?}")))
+            }
         }
     }
 
@@ -137,11 +115,7 @@ impl LoadedExecutable {
         // SAFETY: the executable is live; the bytes live until the deleter is called.
         unsafe {
             call!(self.client.api, PJRT_Executable_Serialize, &mut args)?;
-            let bytes = ffi::slice(
-                args.serialized_bytes.cast::<u8>(),
-                args.serialized_bytes_size,
-            )
-            .to_vec();
+            let bytes = ffi::slice(args.serialized_bytes.cast::<u8>(), args.serialized_bytes_size).to_vec();
             if let Some(delete) = args.serialized_executable_deleter {
                 delete(args.serialized_executable);
             }
@@ -156,11 +130,7 @@ impl LoadedExecutable {
         // SAFETY: the executable is live and owns the returned bytes.
         unsafe {
             call!(self.client.api, PJRT_Executable_Fingerprint, &mut args)?;
-            Ok(ffi::slice(
-                args.executable_fingerprint.cast::<u8>(),
-                args.executable_fingerprint_size,
-            )
-            .to_vec())
+            Ok(ffi::slice(args.executable_fingerprint.cast::<u8>(), args.executable_fingerprint_size).to_vec())
         }
     }
 }
@@ -184,8 +154,6 @@ impl Drop for LoadedExecutable {
 
 impl std::fmt::Debug for LoadedExecutable {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("LoadedExecutable")
-            .field("num_outputs", &self.num_outputs)
-            .finish_non_exhaustive()
+        f.debug_struct("LoadedExecutable").field("num_outputs", &self.num_outputs).finish_non_exhaustive()
     }
 }

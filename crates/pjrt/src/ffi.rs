@@ -20,11 +20,7 @@ pub(crate) unsafe trait Args: Sized {
         // SAFETY: the trait's contract.
         let mut args: Self = unsafe { std::mem::zeroed() };
         // SAFETY: `struct_size` is the first field of every such `repr(C)` struct.
-        unsafe {
-            (&mut args as *mut Self)
-                .cast::<usize>()
-                .write(Self::STRUCT_SIZE)
-        };
+        unsafe { (&mut args as *mut Self).cast::<usize>().write(Self::STRUCT_SIZE) };
         args
     }
 }

@@ -48,6 +48,7 @@ mod options;
     dead_code,
     clippy::all
 )]
+#[rustfmt::skip]
 pub mod sys;
 
 #[cfg(test)]

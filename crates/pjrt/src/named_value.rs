@@ -61,15 +61,11 @@ impl NamedValue {
                 sys::PJRT_NamedValue_Type_PJRT_NamedValue_kString => {
                     NamedValue::Str(ffi::string(v.string_value, raw.value_size))
                 }
-                sys::PJRT_NamedValue_Type_PJRT_NamedValue_kInt64 => {
-                    NamedValue::Int64(v.int64_value)
-                }
+                sys::PJRT_NamedValue_Type_PJRT_NamedValue_kInt64 => NamedValue::Int64(v.int64_value),
                 sys::PJRT_NamedValue_Type_PJRT_NamedValue_kInt64List => {
                     NamedValue::Int64List(ffi::slice(v.int64_array_value, raw.value_size).to_vec())
                 }
-                sys::PJRT_NamedValue_Type_PJRT_NamedValue_kFloat => {
-                    NamedValue::Float(v.float_value)
-                }
+                sys::PJRT_NamedValue_Type_PJRT_NamedValue_kFloat => NamedValue::Float(v.float_value),
                 sys::PJRT_NamedValue_Type_PJRT_NamedValue_kBool => NamedValue::Bool(v.bool_value),
                 _ => return None,
             }

@@ -18,11 +18,7 @@ pub(crate) fn single_device(portable: bool) -> Vec<u8> {
     varint_field(&mut build, BUILD_OPTIONS_NUM_REPLICAS, 1);
     varint_field(&mut build, BUILD_OPTIONS_NUM_PARTITIONS, 1);
     let mut options = Vec::new();
-    key(
-        &mut options,
-        COMPILE_OPTIONS_EXECUTABLE_BUILD_OPTIONS,
-        WIRE_LEN,
-    );
+    key(&mut options, COMPILE_OPTIONS_EXECUTABLE_BUILD_OPTIONS, WIRE_LEN);
     varint(&mut options, build.len() as u64);
     options.extend_from_slice(&build);
     if portable {

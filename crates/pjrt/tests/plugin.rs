@@ -34,45 +34,31 @@ func.func @main(%a: tensor<4xf32> {jax.buffer_donor = true}, %b: tensor<4xf32>) 
 fn upload(client: &Client, values: &[f32]) -> Buffer {
     let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_ne_bytes()).collect();
     let device = client.addressable_devices()[0];
-    client
-        .buffer_from_host(&bytes, ElementType::F32, &[values.len() as i64], device)
-        .unwrap()
+    client.buffer_from_host(&bytes, ElementType::F32, &[values.len() as i64], device).unwrap()
 }
 
 fn download(buffer: &Buffer) -> Vec<f32> {
     let mut bytes = vec![0u8; buffer.on_device_size().unwrap()];
     buffer.to_host(&mut bytes).unwrap();
-    bytes
-        .chunks_exact(4)
-        .map(|c| f32::from_ne_bytes(c.try_into().unwrap()))
-        .collect()
+    bytes.chunks_exact(4).map(|c| f32::from_ne_bytes(c.try_into().unwrap())).collect()
 }
 
 #[test]
 fn loads_once_and_reports_version_and_attributes() {
     let api = api();
-    assert!(std::ptr::eq(
-        api,
-        pjrt::load_plugin(&plugin_path()).unwrap()
-    ));
+    assert!(std::ptr::eq(api, pjrt::load_plugin(&plugin_path()).unwrap()));
     let (major, minor) = api.version();
     assert_eq!(major, 0);
     assert!(minor >= pjrt::sys::PJRT_API_MINOR as i32);
-    assert!(api
-        .attributes()
-        .iter()
-        .any(|(name, value)| name == "stablehlo_current_version"
-            && matches!(value, NamedValue::Int64List(v) if v.len() == 3)));
+    assert!(api.attributes().iter().any(|(name, value)| name == "stablehlo_current_version"
+        && matches!(value, NamedValue::Int64List(v) if v.len() == 3)));
 }
 
 #[test]
 fn bad_plugin_paths_are_errors_naming_the_path() {
     let missing = std::path::Path::new("/nonexistent/dir/libnot_a_plugin.so");
     let err = pjrt::load_plugin(missing).unwrap_err();
-    assert!(
-        err.message.contains("/nonexistent/dir/libnot_a_plugin.so"),
-        "{err}"
-    );
+    assert!(err.message.contains("/nonexistent/dir/libnot_a_plugin.so"), "{err}");
 
     // A real shared library without GetPjrtApi.
     let libm = std::path::Path::new("/lib/x86_64-linux-gnu/libm.so.6");
@@ -133,9 +119,7 @@ fn thousand_chained_executions() {
 
 #[test]
 fn bad_mlir_is_an_error_with_xla_message() {
-    let err = client()
-        .compile("func.func @main( this is not mlir")
-        .unwrap_err();
+    let err = client().compile("func.func @main( this is not mlir").unwrap_err();
     assert!(!err.message.is_empty());
     assert_ne!(err.code, 0);
 }
@@ -144,9 +128,7 @@ fn bad_mlir_is_an_error_with_xla_message() {
 fn mismatched_host_data_is_an_error() {
     let client = client();
     let device = client.addressable_devices()[0];
-    let err = client
-        .buffer_from_host(&[0u8; 12], ElementType::F32, &[4], device)
-        .unwrap_err();
+    let err = client.buffer_from_host(&[0u8; 12], ElementType::F32, &[4], device).unwrap_err();
     assert_eq!(err.code_name(), "INVALID_ARGUMENT");
     let buffer = upload(&client, &[1.0; 4]);
     assert!(buffer.to_host(&mut [0u8; 12]).is_err());
@@ -197,9 +179,7 @@ fn devices_of_another_client_are_rejected() {
     let exe = first.compile(ADD).unwrap();
     let a = upload(&first, &[1.0; 4]);
     let foreign = second.addressable_devices()[0];
-    assert!(first
-        .buffer_from_host(&[0u8; 4], ElementType::F32, &[1], foreign)
-        .is_err());
+    assert!(first.buffer_from_host(&[0u8; 4], ElementType::F32, &[1], foreign).is_err());
     assert!(exe.execute(&[&a, &a], foreign, &[]).is_err());
     let b = upload(&second, &[1.0; 4]);
     let device = first.addressable_devices()[0];
@@ -212,9 +192,7 @@ fn executables_run_only_on_the_device_they_were_compiled_for() {
     let devices = client.addressable_devices();
     assert_eq!(devices.len(), 2);
     let exe = client.compile(ADD).unwrap();
-    let a = client
-        .buffer_from_host(&[0u8; 16], ElementType::F32, &[4], devices[1])
-        .unwrap();
+    let a = client.buffer_from_host(&[0u8; 16], ElementType::F32, &[4], devices[1]).unwrap();
     let err = exe.execute(&[&a, &a], devices[1], &[]).unwrap_err();
     assert!(err.message.contains("compiled for another device"), "{err}");
 }

@@ -64,8 +64,20 @@ fn reduce_init(kind: ReduceKind, dtype: DType) -> i64 {
         _ => (float(f64::NEG_INFINITY), float(f64::INFINITY)),
     };
     match kind {
-        ReduceKind::Sum | ReduceKind::Or => if dtype.is_float() { float(0.0) } else { 0 },
-        ReduceKind::Prod | ReduceKind::And => if dtype.is_float() { float(1.0) } else { 1 },
+        ReduceKind::Sum | ReduceKind::Or => {
+            if dtype.is_float() {
+                float(0.0)
+            } else {
+                0
+            }
+        }
+        ReduceKind::Prod | ReduceKind::And => {
+            if dtype.is_float() {
+                float(1.0)
+            } else {
+                1
+            }
+        }
         ReduceKind::Max => lo,
         ReduceKind::Min => hi,
     }
@@ -128,12 +140,8 @@ impl Emitter<'_> {
             );
             return;
         }
-        let _ = writeln!(
-            self.out,
-            "    {name} = stablehlo.constant dense<{}> : {}",
-            literal(bits, ty.dtype),
-            tensor(ty)
-        );
+        let _ =
+            writeln!(self.out, "    {name} = stablehlo.constant dense<{}> : {}", literal(bits, ty.dtype), tensor(ty));
     }
 
     /// A two-argument region `^bb0(x, y): return op(x, y)`.
@@ -203,7 +211,11 @@ impl Emitter<'_> {
                 }
                 fields.push(format!("lhs_contracting_dimensions = [{}]", ints(lhs_contract)));
                 fields.push(format!("rhs_contracting_dimensions = [{}]", ints(rhs_contract)));
-                self.line(v, "stablehlo.dot_general", &format!("dot_dimension_numbers = #stablehlo.dot<{}>", fields.join(", ")))
+                self.line(
+                    v,
+                    "stablehlo.dot_general",
+                    &format!("dot_dimension_numbers = #stablehlo.dot<{}>", fields.join(", ")),
+                )
             }
             Op::Convolution(c) => {
                 let pads: Vec<String> = c.padding.iter().map(|(lo, hi)| format!("[{lo}, {hi}]")).collect();
@@ -281,7 +293,9 @@ impl Emitter<'_> {
             )
         };
         let bool2 = |name: &str, op: &str, a: &str, b: &str| {
-            format!("      %{name}{v} = \"stablehlo.{op}\"(%{a}{v}, %{b}{v}) : (tensor<i1>, tensor<i1>) -> tensor<i1>\n")
+            format!(
+                "      %{name}{v} = \"stablehlo.{op}\"(%{a}{v}, %{b}{v}) : (tensor<i1>, tensor<i1>) -> tensor<i1>\n"
+            )
         };
         let mut body = String::new();
         body += &cmp("gt", better, "av", "bv", &s, ct);
@@ -296,8 +310,11 @@ impl Emitter<'_> {
         body += &bool2("p2", "and", "ti", "lt");
         body += &bool2("p3", "or", "gt", "p1");
         body += &bool2("pa", "or", "p3", "p2");
-        body += &format!("      %rv{v} = \"stablehlo.select\"(%pa{v}, %av{v}, %bv{v}) : (tensor<i1>, {s}, {s}) -> {s}\n");
-        body += &format!("      %ri{v} = \"stablehlo.select\"(%pa{v}, %ai{v}, %bi{v}) : (tensor<i1>, {si}, {si}) -> {si}\n");
+        body +=
+            &format!("      %rv{v} = \"stablehlo.select\"(%pa{v}, %av{v}, %bv{v}) : (tensor<i1>, {s}, {s}) -> {s}\n");
+        body += &format!(
+            "      %ri{v} = \"stablehlo.select\"(%pa{v}, %ai{v}, %bi{v}) : (tensor<i1>, {si}, {si}) -> {si}\n"
+        );
         body += &format!("      \"stablehlo.return\"(%rv{v}, %ri{v}) : ({s}, {si}) -> ()\n");
         let mut out_shape = it.shape.clone();
         out_shape.remove(dim as usize);
@@ -354,8 +371,7 @@ impl Emitter<'_> {
 /// The StableHLO module of a graph: `@main(params...) -> outputs`.
 pub fn emit(g: &Graph) -> String {
     let mut e = Emitter { g, out: String::new() };
-    let params: Vec<String> =
-        g.params.iter().enumerate().map(|(i, t)| format!("%arg{i}: {}", tensor(t))).collect();
+    let params: Vec<String> = g.params.iter().enumerate().map(|(i, t)| format!("%arg{i}: {}", tensor(t))).collect();
     let results: Vec<String> = g.outputs.iter().map(|&v| e.ty(v)).collect();
     let _ = writeln!(
         e.out,
@@ -381,11 +397,6 @@ pub fn emit(g: &Graph) -> String {
         }
     }
     let names: Vec<String> = g.outputs.iter().map(|&v| e.name(v)).collect();
-    let _ = writeln!(
-        e.out,
-        "    \"func.return\"({}) : ({}) -> ()\n  }}\n}}",
-        names.join(", "),
-        results.join(", ")
-    );
+    let _ = writeln!(e.out, "    \"func.return\"({}) : ({}) -> ()\n  }}\n}}", names.join(", "), results.join(", "));
     e.out
 }

@@ -26,14 +26,20 @@ pub enum Mode {
 static MODE: AtomicU8 = AtomicU8::new(Mode::Strict as u8);
 
 pub fn mode() -> Mode {
-    if MODE.load(Ordering::Relaxed) == 0 { Mode::Debug } else { Mode::Strict }
+    if MODE.load(Ordering::Relaxed) == 0 {
+        Mode::Debug
+    } else {
+        Mode::Strict
+    }
 }
 
 pub fn set_mode(name: &str) -> Result<()> {
     let m = match name {
         "debug" => Mode::Debug,
         "strict" => Mode::Strict,
-        "fused" => return Err(Error::not_implemented("torchtpu: fused mode is not implemented yet; use 'strict' or 'debug'")),
+        "fused" => {
+            return Err(Error::not_implemented("torchtpu: fused mode is not implemented yet; use 'strict' or 'debug'"))
+        }
         _ => return Err(Error::value(format!("torchtpu: unknown mode '{name}'; expected 'debug' or 'strict'"))),
     };
     MODE.store(m as u8, Ordering::Relaxed);
@@ -96,7 +102,13 @@ fn signature(op: &OpDef, args: &[Arg]) -> Key {
     let mut storages: Vec<*const Storage> = Vec::new();
     let mut tensor = |key: &mut Key, t: &Option<Tensor>| {
         let Some(t) = t else { return key.push(0) };
-        key.extend([1, t.dtype as u64, t.device.map_or(u64::MAX, |d| d as u64), t.wrapped as u64, t.sizes.len() as u64]);
+        key.extend([
+            1,
+            t.dtype as u64,
+            t.device.map_or(u64::MAX, |d| d as u64),
+            t.wrapped as u64,
+            t.sizes.len() as u64,
+        ]);
         key.extend(t.sizes.iter().map(|&s| s as u64));
         if t.device.is_none() {
             return;
@@ -231,7 +243,9 @@ fn upload_scalar(bytes: &[u8], dtype: DType, device: usize) -> Result<Arc<Device
 fn tensor_at<'a>(args: &'a [Arg<'a>], arg: usize, item: usize) -> Result<Tensor<'a>> {
     match &args[arg] {
         Arg::Tensor(t) if item == 0 => Ok(*t),
-        Arg::Tensors(ts) => ts.get(item).copied().flatten().ok_or_else(|| Error::runtime("torchtpu: missing tensor input")),
+        Arg::Tensors(ts) => {
+            ts.get(item).copied().flatten().ok_or_else(|| Error::runtime("torchtpu: missing tensor input"))
+        }
         _ => Err(Error::runtime("torchtpu: input is not a tensor")),
     }
 }

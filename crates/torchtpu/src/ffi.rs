@@ -55,7 +55,11 @@ fn guard(f: impl FnOnce() -> Result<()>) -> i32 {
 }
 
 unsafe fn str_arg<'a>(p: *const c_char) -> &'a str {
-    if p.is_null() { "" } else { CStr::from_ptr(p).to_str().unwrap_or("") }
+    if p.is_null() {
+        ""
+    } else {
+        CStr::from_ptr(p).to_str().unwrap_or("")
+    }
 }
 
 #[no_mangle]
@@ -98,9 +102,8 @@ pub unsafe extern "C" fn tt_storage_resize(
 #[no_mangle]
 pub unsafe extern "C" fn tt_storage_assign(dst: *mut c_void, src: *mut c_void) -> i32 {
     guard(|| {
-        let value = Storage::from_handle(src)
-            .value()
-            .ok_or_else(|| Error::runtime("torchtpu: assigning an unset storage"))?;
+        let value =
+            Storage::from_handle(src).value().ok_or_else(|| Error::runtime("torchtpu: assigning an unset storage"))?;
         Storage::from_handle(dst).set(value);
         Ok(())
     })

@@ -55,7 +55,11 @@ pub struct Conv {
 
 /// The size of `n` elements with `d - 1` holes between neighbours.
 pub fn dilated(n: i64, d: i64) -> i64 {
-    if n == 0 { 0 } else { (n - 1) * d + 1 }
+    if n == 0 {
+        0
+    } else {
+        (n - 1) * d + 1
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -76,20 +80,44 @@ pub enum Op {
     Reshape,
     Transpose(Vec<i64>),
     BroadcastInDim(Vec<i64>),
-    Slice { start: Vec<i64>, limit: Vec<i64>, stride: Vec<i64> },
+    Slice {
+        start: Vec<i64>,
+        limit: Vec<i64>,
+        stride: Vec<i64>,
+    },
     Concatenate(i64),
-    Pad { low: Vec<i64>, high: Vec<i64>, interior: Vec<i64> },
+    Pad {
+        low: Vec<i64>,
+        high: Vec<i64>,
+        interior: Vec<i64>,
+    },
     Reverse(Vec<i64>),
-    Reduce { kind: ReduceKind, dims: Vec<i64> },
+    Reduce {
+        kind: ReduceKind,
+        dims: Vec<i64>,
+    },
     /// Index of the max (or min) along `dim`, first occurrence, NaN wins.
-    ArgReduce { max: bool, dim: i64 },
-    DotGeneral { lhs_batch: Vec<i64>, rhs_batch: Vec<i64>, lhs_contract: Vec<i64>, rhs_contract: Vec<i64> },
+    ArgReduce {
+        max: bool,
+        dim: i64,
+    },
+    DotGeneral {
+        lhs_batch: Vec<i64>,
+        rhs_batch: Vec<i64>,
+        lhs_contract: Vec<i64>,
+        rhs_contract: Vec<i64>,
+    },
     Convolution(Conv),
     /// operand[indices] along `axis`: gathers whole slices (index_select).
-    Take { axis: i64 },
+    Take {
+        axis: i64,
+    },
     /// Adds (or writes) `updates` into `operand` at `indices` along `axis`;
     /// indices has the updates' leading dimensions' shape.
-    Put { axis: i64, accumulate: bool },
+    Put {
+        axis: i64,
+        accumulate: bool,
+    },
     /// Random bits from a u64[2] key (the node's type is the bits' type).
     RngBits,
 }
@@ -261,9 +289,8 @@ impl Graph {
 
     pub fn pad(&mut self, a: V, value: V, low: &[i64], high: &[i64], interior: &[i64]) -> V {
         let t = self.ty(a);
-        let shape: Vec<i64> = (0..t.rank())
-            .map(|i| low[i] + high[i] + t.shape[i] + (t.shape[i] - 1).max(0) * interior[i])
-            .collect();
+        let shape: Vec<i64> =
+            (0..t.rank()).map(|i| low[i] + high[i] + t.shape[i] + (t.shape[i] - 1).max(0) * interior[i]).collect();
         let dtype = t.dtype;
         let op = Op::Pad { low: low.to_vec(), high: high.to_vec(), interior: interior.to_vec() };
         self.push(op, vec![a, value], Ty::new(dtype, &shape))
@@ -280,8 +307,7 @@ impl Graph {
             return a;
         }
         let t = self.ty(a);
-        let shape: Vec<i64> =
-            t.shape.iter().enumerate().filter(|(i, _)| !dims.contains(i)).map(|(_, &s)| s).collect();
+        let shape: Vec<i64> = t.shape.iter().enumerate().filter(|(i, _)| !dims.contains(i)).map(|(_, &s)| s).collect();
         let dtype = t.dtype;
         let dims = dims.iter().map(|&d| d as i64).collect();
         self.push(Op::Reduce { kind, dims }, vec![a], Ty::new(dtype, &shape))

@@ -41,11 +41,8 @@ fn start() -> std::result::Result<Runtime, String> {
     let hint = "Install the pinned plugin (pip install xla-cpu-pjrt==0.0.1) or point \
                 TORCHTPU_PJRT_PLUGIN at a PJRT plugin .so";
     let api = pjrt::load_plugin(&plugin).map_err(|e| format!("torchtpu: {e}. {hint}"))?;
-    let options: Vec<(&str, pjrt::NamedValue)> = config
-        .cpu_device_count
-        .map(|n| ("cpu_device_count", pjrt::NamedValue::Int64(n)))
-        .into_iter()
-        .collect();
+    let options: Vec<(&str, pjrt::NamedValue)> =
+        config.cpu_device_count.map(|n| ("cpu_device_count", pjrt::NamedValue::Int64(n))).into_iter().collect();
     let client = pjrt::Client::new(api, &options)
         .map_err(|e| format!("torchtpu: creating a PJRT client of {}: {e}", plugin.display()))?;
     Ok(Runtime { client, plugin, devices: OnceLock::new() })
@@ -62,10 +59,9 @@ impl Runtime {
 
     pub fn device(&'static self, index: usize) -> Result<pjrt::Device<'static>> {
         let devices = self.devices();
-        devices
-            .get(index)
-            .copied()
-            .ok_or_else(|| Error::runtime(format!("Invalid device index {index}: torchtpu has {} device(s)", devices.len())))
+        devices.get(index).copied().ok_or_else(|| {
+            Error::runtime(format!("Invalid device index {index}: torchtpu has {} device(s)", devices.len()))
+        })
     }
 
     pub fn device_count(&'static self) -> usize {

@@ -13,11 +13,7 @@ pub fn plugin_path() -> PathBuf {
         .flatten()
         .flatten()
         .filter(|entry| entry.file_name().to_string_lossy().starts_with("python3."))
-        .map(|entry| {
-            entry
-                .path()
-                .join("site-packages/xla_plugins/xla_cpu_pjrt/xla_cpu_pjrt.so")
-        })
+        .map(|entry| entry.path().join("site-packages/xla_plugins/xla_cpu_pjrt/xla_cpu_pjrt.so"))
         .find(|path| path.exists())
         .unwrap_or_else(|| {
             panic!(

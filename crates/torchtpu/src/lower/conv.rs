@@ -18,10 +18,8 @@ use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::ir::{dilated, Conv, ReduceKind, V};
 
-pub static ENTRIES: &[Entry] = &[
-    op("convolution_overrideable", convolution),
-    op("convolution_backward_overrideable", convolution_backward),
-];
+pub static ENTRIES: &[Entry] =
+    &[op("convolution_overrideable", convolution), op("convolution_backward_overrideable", convolution_backward)];
 
 /// PyTorch's convolution arguments.
 struct Params {
@@ -217,7 +215,8 @@ fn kernel_grad(cx: &mut Cx, g: V, input: V, c: &Conv, rhs: &[i64]) -> V {
     let padding = (0..ls.len())
         .map(|i| {
             let lo = c.padding[i].0;
-            let hi = dilated(os[i], c.strides[i]) - dilated(ls[i], c.lhs_dilation[i]) + dilated(ks[i], c.rhs_dilation[i])
+            let hi = dilated(os[i], c.strides[i]) - dilated(ls[i], c.lhs_dilation[i])
+                + dilated(ks[i], c.rhs_dilation[i])
                 - lo
                 - 1;
             (lo, hi)

@@ -82,7 +82,11 @@ pub static ENTRIES: &[Entry] = &[
 
 /// float16/bfloat16 are computed in float32 (PyTorch's "opmath" type).
 pub fn opmath(dtype: DType) -> DType {
-    if matches!(dtype, DType::F16 | DType::BF16) { DType::F32 } else { dtype }
+    if matches!(dtype, DType::F16 | DType::BF16) {
+        DType::F32
+    } else {
+        dtype
+    }
 }
 
 /// Operands promoted to their common compute type: (values, result dtype).
@@ -225,7 +229,8 @@ fn rsub(cx: &mut Cx) -> Result<Vec<V>> {
 }
 
 fn div(cx: &mut Cx) -> Result<Vec<V>> {
-    let mode = if cx.has("rounding_mode") && !cx.is_none("rounding_mode") { Some(cx.str("rounding_mode")?) } else { None };
+    let mode =
+        if cx.has("rounding_mode") && !cx.is_none("rounding_mode") { Some(cx.str("rounding_mode")?) } else { None };
     divide(cx, mode)
 }
 
@@ -596,7 +601,11 @@ fn round(cx: &mut Cx) -> Result<Vec<V>> {
     } else {
         let ty = cx.g.ty(x).clone();
         let scale = cx.g.full(10f64.powi(decimals.abs() as i32), ty.dtype, &ty.shape);
-        let (up, down) = if decimals > 0 { ("stablehlo.multiply", "stablehlo.divide") } else { ("stablehlo.divide", "stablehlo.multiply") };
+        let (up, down) = if decimals > 0 {
+            ("stablehlo.multiply", "stablehlo.divide")
+        } else {
+            ("stablehlo.divide", "stablehlo.multiply")
+        };
         let s = cx.g.binary(up, x, scale);
         let s = cx.g.unary("stablehlo.round_nearest_even", s);
         cx.g.binary(down, s, scale)

@@ -101,7 +101,8 @@ impl OpDef {
     /// the compiled program).
     pub fn is_runtime(&self, i: usize) -> bool {
         let a = &self.args[i];
-        matches!(a.ty.as_str(), "Scalar" | "Scalar?" | "float" | "float?") && !self.entry.consts.contains(&a.name.as_str())
+        matches!(a.ty.as_str(), "Scalar" | "Scalar?" | "float" | "float?")
+            && !self.entry.consts.contains(&a.name.as_str())
     }
 }
 
@@ -252,7 +253,11 @@ impl<'a> Cx<'a> {
     }
 
     pub fn opt_int(&self, name: &str) -> Result<Option<i64>> {
-        if self.is_none(name) { Ok(None) } else { self.int(name).map(Some) }
+        if self.is_none(name) {
+            Ok(None)
+        } else {
+            self.int(name).map(Some)
+        }
     }
 
     pub fn bool(&self, name: &str) -> Result<bool> {
@@ -260,7 +265,11 @@ impl<'a> Cx<'a> {
     }
 
     pub fn opt_bool(&self, name: &str) -> Result<Option<bool>> {
-        if self.is_none(name) { Ok(None) } else { self.bool(name).map(Some) }
+        if self.is_none(name) {
+            Ok(None)
+        } else {
+            self.bool(name).map(Some)
+        }
     }
 
     /// An int list (a single int reads as a one-element list).
@@ -280,7 +289,11 @@ impl<'a> Cx<'a> {
     }
 
     pub fn opt_ints(&self, name: &str) -> Result<Option<Vec<i64>>> {
-        if self.is_none(name) { Ok(None) } else { self.ints(name).map(Some) }
+        if self.is_none(name) {
+            Ok(None)
+        } else {
+            self.ints(name).map(Some)
+        }
     }
 
     pub fn str(&self, name: &str) -> Result<&'a str> {
@@ -362,7 +375,11 @@ impl<'a> Cx<'a> {
     }
 
     pub fn opt_tensor(&mut self, name: &str) -> Result<Option<V>> {
-        if self.is_none(name) { Ok(None) } else { self.tensor(name).map(Some) }
+        if self.is_none(name) {
+            Ok(None)
+        } else {
+            self.tensor(name).map(Some)
+        }
     }
 
     /// Metadata of a tensor list's elements (None for undefined ones).

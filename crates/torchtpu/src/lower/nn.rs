@@ -371,7 +371,8 @@ fn softmax(cx: &mut Cx, log: bool) -> Result<Vec<V>> {
     let dims = softmax_dims(cx, rank)?;
     if !t.dtype.is_float() {
         let last = dims.first().map_or(true, |&d| d + 1 == rank);
-        let kernel = format!("{}softmax{}_kernel_impl", if log { "log_" } else { "" }, if last { "_lastdim" } else { "" });
+        let kernel =
+            format!("{}softmax{}_kernel_impl", if log { "log_" } else { "" }, if last { "_lastdim" } else { "" });
         return Err(not_implemented(&kernel, t.dtype));
     }
     let ct = opmath(t.dtype);
@@ -445,7 +446,11 @@ fn reduction(cx: &Cx) -> Result<Reduction> {
 
 /// The class dimension of an nll_loss input: 0 for one sample `(C)`, else 1.
 fn class_dim(rank: usize) -> usize {
-    if rank == 1 { 0 } else { 1 }
+    if rank == 1 {
+        0
+    } else {
+        1
+    }
 }
 
 /// The dimensions of an nll_loss input other than the class dimension,
@@ -520,7 +525,9 @@ fn check_nll(cx: &Cx, spatial: bool) -> Result<()> {
         DType::I64 => {}
         DType::U8 if spatial => return Err(Error::runtime("expected scalar type Long but found Byte")),
         DType::U8 => {}
-        d => return Err(Error::runtime(format!("expected target dtype to be Long or Byte, but got {}", d.torch_name()))),
+        d => {
+            return Err(Error::runtime(format!("expected target dtype to be Long or Byte, but got {}", d.torch_name())))
+        }
     }
     if !x.dtype.is_float() {
         let kernel = if spatial { "nll_loss2d_forward_out_frame" } else { "nll_loss_out_frame" };
@@ -617,7 +624,10 @@ fn check_nll_grad(cx: &Cx, spatial: bool) -> Result<()> {
     }
     if !per_target(cx)? {
         if g.numel() != 1 {
-            return Err(Error::runtime(format!("Expected a single element grad_output tensor, but got: {:?}", g.sizes)));
+            return Err(Error::runtime(format!(
+                "Expected a single element grad_output tensor, but got: {:?}",
+                g.sizes
+            )));
         }
     } else if g.sizes != t.sizes {
         return Err(Error::runtime(if spatial {

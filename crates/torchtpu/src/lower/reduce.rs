@@ -108,7 +108,9 @@ fn check_nonempty(t: &crate::args::Tensor, dims: &[usize], what: &str) -> Result
         return Err(Error::index(format!("{what}(): Expected reduction dim {d} to have non-zero size.")));
     }
     if t.numel() == 0 && t.sizes.is_empty() {
-        return Err(Error::runtime(format!("{what}(): Expected reduction dim to be specified for input.numel() == 0.")));
+        return Err(Error::runtime(format!(
+            "{what}(): Expected reduction dim to be specified for input.numel() == 0."
+        )));
     }
     Ok(())
 }

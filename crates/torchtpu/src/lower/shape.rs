@@ -78,8 +78,12 @@ fn cat(cx: &mut Cx) -> Result<Vec<V>> {
         .collect();
     let dtype = cx.result_type(&ops);
     // Legacy rule: 1-D empty tensors are skipped.
-    let parts: Vec<(usize, V)> =
-        metas.iter().enumerate().filter(|(_, t)| !(t.sizes.len() == 1 && t.sizes[0] == 0)).map(|(i, _)| (i, values[i])).collect();
+    let parts: Vec<(usize, V)> = metas
+        .iter()
+        .enumerate()
+        .filter(|(_, t)| !(t.sizes.len() == 1 && t.sizes[0] == 0))
+        .map(|(i, _)| (i, values[i]))
+        .collect();
     let Some(&(first, _)) = parts.first() else {
         return Ok(vec![cx.g.full(0.0, dtype, &[0])]);
     };
