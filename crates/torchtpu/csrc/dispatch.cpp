@@ -59,6 +59,7 @@ struct OpEntry {
   std::vector<bool> generator;   // arguments of type Generator?
   std::vector<bool> tensor_list; // arguments of type Tensor[] or Tensor?[]
   bool inplace = false;          // self is written (add_, fill_, ...)
+  std::vector<int> mutated;      // other written tensors (running stats): is_written
 };
 
 const OpEntry& register_op(const c10::OperatorHandle& op) {
@@ -69,21 +70,28 @@ const OpEntry& register_op(const c10::OperatorHandle& op) {
   auto& slot = table[&schema];
   if (slot) return *slot;
   slot = std::make_unique<OpEntry>();
+  const auto& arguments = schema.arguments();
+  auto written = [&](size_t i) { return arguments[i].alias_info() && arguments[i].alias_info()->isWrite(); };
+  bool has_out = std::any_of(arguments.begin(), arguments.end(), [](const c10::Argument& a) { return a.is_out(); });
+  slot->inplace = !has_out && !arguments.empty() && written(0);
   std::vector<std::string> types;
   std::vector<TtSchemaArg> args;
-  for (const auto& a : schema.arguments()) types.push_back(a.type()->str());
-  for (size_t i = 0; i < schema.arguments().size(); ++i) {
-    const auto& a = schema.arguments()[i];
+  for (const auto& a : arguments) types.push_back(a.type()->str());
+  for (size_t i = 0; i < arguments.size(); ++i) {
+    const auto& a = arguments[i];
     bool is_out = a.is_out();
     if (is_out) slot->outs.push_back(static_cast<int>(i));
     slot->generator.push_back(types[i] == "Generator?");
     slot->tensor_list.push_back(types[i].rfind("Tensor", 0) == 0 && types[i].back() == ']');
-    args.push_back({a.name().c_str(), types[i].c_str(), is_out});
+    // Mutated tensor lists (fused optimizers) are not written back.
+    bool other_written = written(i) && !is_out && !(slot->inplace && i == 0) && !slot->tensor_list[i];
+    args.push_back({a.name().c_str(), types[i].c_str(), is_out, other_written});
   }
-  slot->inplace = slot->outs.empty() && !schema.arguments().empty() &&
-                  schema.arguments()[0].alias_info() && schema.arguments()[0].alias_info()->isWrite();
   check(tt_op_register(schema.name().c_str(), schema.overload_name().c_str(), args.data(),
                        static_cast<int64_t>(args.size()), &slot->op));
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (args[i].is_written) slot->mutated.push_back(static_cast<int>(i));
+  }
   return *slot;
 }
 
@@ -181,6 +189,7 @@ size_t count_tensors(c10::ArrayRef<c10::IValue> values) {
 }
 
 at::Tensor wrap(const TtResult& r) {
+  if (!r.storage) return at::Tensor();
   c10::Device device(kTpu, static_cast<c10::DeviceIndex>(r.device));
   c10::DataPtr data(reinterpret_cast<void*>(r.addr), r.storage, &tt_storage_release, device);
   auto storage = c10::make_intrusive<c10::StorageImpl>(
@@ -200,8 +209,10 @@ void write_into(const at::Tensor& dst, const at::Tensor& src) {
   copy_on_device(src, dst);
 }
 
-// A result that exactly fills dst's storage becomes its value directly.
+// A result that exactly fills dst's storage becomes its value directly; an
+// undefined one leaves dst as it is.
 void write_result(const at::Tensor& dst, const TtResult& r) {
+  if (!r.storage) return;
   bool whole = dst.scalar_type() == static_cast<at::ScalarType>(r.dtype) && dst.has_storage() &&
                dst.sizes() == c10::IntArrayRef(r.sizes, r.ndim) && dst.storage_offset() == 0 &&
                dst.is_contiguous() && static_cast<int64_t>(dst.storage().nbytes()) == r.nbytes &&
@@ -265,6 +276,16 @@ void fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     }
   } results{{raw, raw + count}};
 
+  // Mutated arguments besides out= and self take the last results, one per
+  // defined tensor (an absent Tensor? may arrive as None or undefined).
+  for (auto i = entry.mutated.rbegin(); i != entry.mutated.rend(); ++i) {
+    if (!inputs[*i].isTensor() || !inputs[*i].toTensor().defined()) continue;
+    TORCH_CHECK(results.list.size() > results.taken, "torchtpu: ", schema.name(), " returned too few results");
+    TtResult r = results.list.back();
+    results.list.pop_back();  // write_result owns it now
+    write_result(inputs[*i].toTensor(), r);
+  }
+
   // Mutated arguments (out= or self) receive the results and are returned.
   std::vector<int> written = entry.outs;
   if (written.empty() && entry.inplace) written.push_back(0);
@@ -275,6 +296,7 @@ void fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
       // An output that is also an input (in-place, or out= aliasing an
       // input) cannot be resized to the broadcast shape.
       const auto& dst = inputs[written[k]].toTensor();
+      if (!results.list[k].storage) continue;
       c10::IntArrayRef shape(results.list[k].sizes, results.list[k].ndim);
       bool aliased = entry.outs.empty() || std::any_of(inputs.begin(), inputs.end(), [&](const c10::IValue& v) {
         return &v != &inputs[written[k]] && v.isTensor() && v.toTensor().is_same(dst);
@@ -445,6 +467,16 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
 
 TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
   m.fallback(torch::CppFunction::makeFromBoxedFunction<&torchtpu::fallback>());
+}
+
+// Operators whose composite kernels would win over the fallback: the
+// convolution hooks for out-of-tree backends (their defaults throw), and
+// norms PyTorch otherwise decomposes (layer_norm into batch_norm).
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  for (const char* name : {"convolution_overrideable", "convolution_backward_overrideable", "native_layer_norm",
+                           "native_group_norm"}) {
+    m.impl(name, torch::CppFunction::makeFromBoxedFunction<&torchtpu::fallback>());
+  }
 }
 
 // Conjugate/negative views are resolved inside _copy_from; without these the

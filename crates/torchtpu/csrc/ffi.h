@@ -67,10 +67,17 @@ typedef struct TtArg {
 typedef struct TtSchemaArg {
   const char* name;
   const char* type;
-  uint8_t is_out;  // keyword-only written argument of an out= overload
+  uint8_t is_out;      // keyword-only written argument of an out= overload
+  // A tensor the op mutates other than out= and an in-place self
+  // (`Tensor(a!) running_mean`). Set by the adapter from the schema; the core
+  // sets it too where an op mutates an argument its schema does not mark
+  // (native_batch_norm's running stats). Such arguments receive the op's last
+  // results, one per defined argument, in schema order.
+  uint8_t is_written;
 } TtSchemaArg;
 
-// A fresh tpu tensor produced by the core: contiguous, owning a new storage.
+// A fresh tpu tensor produced by the core: contiguous, owning a new storage;
+// storage NULL for an undefined tensor (a gradient an output_mask leaves out).
 typedef struct TtResult {
   void* storage;
   uint64_t addr;
@@ -95,8 +102,8 @@ int tt_storage_resize(void* old_storage, int64_t nbytes, void** storage, uint64_
 int tt_storage_assign(void* dst, void* src);
 
 // Operators. tt_op_register returns op >= 0 when the core lowers it, -1 when
-// it must run through the CPU fallback.
-int tt_op_register(const char* name, const char* overload, const TtSchemaArg* args,
+// it must run through the CPU fallback; it may set args[i].is_written.
+int tt_op_register(const char* name, const char* overload, TtSchemaArg* args,
                    int64_t nargs, int32_t* op);
 // Runs a functional operator; results stay valid until the next call on the
 // same thread.

@@ -217,6 +217,29 @@ impl Emitter<'_> {
                     &format!("dot_dimension_numbers = #stablehlo.dot<{}>", fields.join(", ")),
                 )
             }
+            Op::Convolution(c) => {
+                let pads: Vec<String> = c.padding.iter().map(|(lo, hi)| format!("[{lo}, {hi}]")).collect();
+                let attrs = format!(
+                    "batch_group_count = {} : i64, dimension_numbers = #stablehlo.conv<raw input_batch_dimension = {}, input_feature_dimension = {}, input_spatial_dimensions = [{}], kernel_input_feature_dimension = {}, kernel_output_feature_dimension = {}, kernel_spatial_dimensions = [{}], output_batch_dimension = {}, output_feature_dimension = {}, output_spatial_dimensions = [{}]>, feature_group_count = {} : i64, lhs_dilation = {}, padding = dense<[{}]> : tensor<{}x2xi64>, rhs_dilation = {}, window_strides = {}",
+                    c.batch_groups,
+                    c.lhs[0],
+                    c.lhs[1],
+                    ints(&c.lhs[2..]),
+                    c.rhs[1],
+                    c.rhs[0],
+                    ints(&c.rhs[2..]),
+                    c.out[0],
+                    c.out[1],
+                    ints(&c.out[2..]),
+                    c.feature_groups,
+                    array(&c.lhs_dilation),
+                    pads.join(", "),
+                    pads.len(),
+                    array(&c.rhs_dilation),
+                    array(&c.strides)
+                );
+                self.line(v, "stablehlo.convolution", &attrs)
+            }
             Op::Take { axis } => self.take(v, *axis),
             Op::Put { axis, accumulate } => self.put(v, *axis, *accumulate),
             Op::RngBits => {

@@ -67,8 +67,11 @@ pub struct Plan {
     pub graph: crate::ir::Graph,
     program: OnceLock<Arc<Program>>,
     pub inputs: Vec<Input>,
-    /// The op's results: the first `outputs.len()` graph outputs.
+    /// The op's defined results: the first `outputs.len()` graph outputs.
     pub outputs: Vec<Ty>,
+    /// Positions of undefined results among the lowering's results (the
+    /// graph computes only the others).
+    undefined: Vec<usize>,
     /// Data-dependent errors, with graph output indices for their flag and value.
     pub checks: Vec<lower::Check>,
 }
@@ -200,7 +203,9 @@ fn signature(op: &OpDef, args: &[Arg]) -> Key {
 
 fn build(op: &OpDef, args: &[Arg], device: usize) -> Result<Plan> {
     let mut cx = Cx::new(op, args, device);
-    let outputs = (op.entry.lower)(&mut cx)?;
+    let results = (op.entry.lower)(&mut cx)?;
+    let undefined = (0..results.len()).filter(|&i| results[i] == lower::UNDEFINED).collect();
+    let outputs: Vec<_> = results.into_iter().filter(|&v| v != lower::UNDEFINED).collect();
     let mut g = std::mem::take(&mut cx.g);
     g.outputs = outputs.clone();
     let mut checks = Vec::new();
@@ -214,7 +219,15 @@ fn build(op: &OpDef, args: &[Arg], device: usize) -> Result<Plan> {
         checks.push(check);
     }
     let outputs = outputs.iter().map(|&v| g.ty(v).clone()).collect();
-    Ok(Plan { name: op.name.clone(), graph: g, program: OnceLock::new(), inputs: cx.inputs, outputs, checks })
+    Ok(Plan {
+        name: op.name.clone(),
+        graph: g,
+        program: OnceLock::new(),
+        inputs: cx.inputs,
+        outputs,
+        undefined,
+        checks,
+    })
 }
 
 pub fn plan(op: &OpDef, args: &[Arg], device: usize) -> Result<Arc<Plan>> {
@@ -455,19 +468,24 @@ fn apply(plan: &Arc<Plan>, what: &str, args: &[Arg], device: usize) -> Result<Ve
     Ok(execute(plan, what, args, device)?.into_iter().map(Value::Ready).collect())
 }
 
-/// Runs a functional operator; its results are fresh storages.
-pub fn run_op(op: &OpDef, args: &[Arg]) -> Result<Vec<Arc<Storage>>> {
+/// Runs a functional operator; its results are fresh storages (None for
+/// undefined ones).
+pub fn run_op(op: &OpDef, args: &[Arg]) -> Result<Vec<Option<Arc<Storage>>>> {
     let device = device_of(op, args)?;
     let plan = plan(op, args, device)?;
     let outs = apply(&plan, &op.name, args, device)?;
-    Ok(outs
+    let mut results: Vec<_> = outs
         .into_iter()
         .map(|v| {
             let ty = v.ty();
             let nbytes = ty.numel() * ty.dtype.size() as i64;
-            Storage::new(device, nbytes, Some(v))
+            Some(Storage::new(device, nbytes, Some(v)))
         })
-        .collect())
+        .collect();
+    for &i in &plan.undefined {
+        results.insert(i, None);
+    }
+    Ok(results)
 }
 
 // ------------------------------------------------------------------ copies

@@ -15,6 +15,7 @@ pub struct TtSchemaArg {
     name: *const c_char,
     ty: *const c_char,
     is_out: u8,
+    is_written: u8,
 }
 
 #[repr(C)]
@@ -113,20 +114,31 @@ pub unsafe extern "C" fn tt_storage_assign(dst: *mut c_void, src: *mut c_void) -
 pub unsafe extern "C" fn tt_op_register(
     name: *const c_char,
     overload: *const c_char,
-    args: *const TtSchemaArg,
+    args: *mut TtSchemaArg,
     nargs: i64,
     op: *mut i32,
 ) -> i32 {
     guard(|| {
-        let defs: Vec<lower::ArgDef> = std::slice::from_raw_parts(args, nargs.max(0) as usize)
+        let args = std::slice::from_raw_parts_mut(args, nargs.max(0) as usize);
+        let defs: Vec<lower::ArgDef> = args
             .iter()
-            .map(|a| lower::ArgDef { name: str_arg(a.name).into(), ty: str_arg(a.ty).into(), is_out: a.is_out != 0 })
+            .map(|a| lower::ArgDef {
+                name: str_arg(a.name).into(),
+                ty: str_arg(a.ty).into(),
+                is_out: a.is_out != 0,
+                is_written: a.is_written != 0,
+            })
             .collect();
         // In-place: the first argument is written but is not an out= argument.
         // Dunder names (`__rshift__`) are not in-place forms.
         let name = str_arg(name);
         let inplace = !defs.iter().any(|a| a.is_out) && name.ends_with('_') && !name.ends_with("__");
         *op = lower::register(name, str_arg(overload), defs, inplace).unwrap_or(-1);
+        if *op >= 0 {
+            for (a, def) in args.iter_mut().zip(&lower::get(*op)?.args) {
+                a.is_written = def.is_written as u8;
+            }
+        }
         Ok(())
     })
 }
@@ -149,6 +161,19 @@ pub unsafe extern "C" fn tt_op_run(
             out.clear();
             shapes.clear();
             for s in storages {
+                let Some(s) = s else {
+                    shapes.push(Vec::new());
+                    out.push(TtResult {
+                        storage: std::ptr::null_mut(),
+                        addr: 0,
+                        nbytes: 0,
+                        sizes: std::ptr::null(),
+                        ndim: 0,
+                        dtype: 0,
+                        device: 0,
+                    });
+                    continue;
+                };
                 let ty = s.value().expect("fresh result").ty().clone();
                 shapes.push(ty.shape.clone());
                 out.push(TtResult {

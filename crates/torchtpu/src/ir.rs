@@ -35,6 +35,33 @@ pub enum ReduceKind {
     Or,
 }
 
+/// A convolution's dimension numbers and window, as StableHLO's. Each
+/// layout names an operand's dimensions in the order [batch, feature,
+/// spatial...]; the kernel's in the order [output feature, input feature,
+/// spatial...]. Window fields have one entry per spatial dimension.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Conv {
+    pub lhs: Vec<i64>,
+    pub rhs: Vec<i64>,
+    pub out: Vec<i64>,
+    pub strides: Vec<i64>,
+    /// (low, high) padding of the (dilated) input; negative crops.
+    pub padding: Vec<(i64, i64)>,
+    pub lhs_dilation: Vec<i64>,
+    pub rhs_dilation: Vec<i64>,
+    pub feature_groups: i64,
+    pub batch_groups: i64,
+}
+
+/// The size of `n` elements with `d - 1` holes between neighbours.
+pub fn dilated(n: i64, d: i64) -> i64 {
+    if n == 0 {
+        0
+    } else {
+        (n - 1) * d + 1
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum Op {
     /// Runtime input number n.
@@ -80,6 +107,7 @@ pub enum Op {
         lhs_contract: Vec<i64>,
         rhs_contract: Vec<i64>,
     },
+    Convolution(Conv),
     /// operand[indices] along `axis`: gathers whole slices (index_select).
     Take {
         axis: i64,
@@ -309,6 +337,21 @@ impl Graph {
             rhs_contract: vec![nb as i64],
         };
         self.push(op, vec![lhs, rhs], Ty::new(l.dtype, &shape))
+    }
+
+    /// Convolution of `lhs` (input) with `rhs` (kernel), same dtype.
+    pub fn convolution(&mut self, lhs: V, rhs: V, c: Conv) -> V {
+        let (l, r) = (self.ty(lhs).clone(), self.ty(rhs).clone());
+        let mut shape = vec![0; l.rank()];
+        shape[c.out[0] as usize] = l.shape[c.lhs[0] as usize] / c.batch_groups;
+        shape[c.out[1] as usize] = r.shape[c.rhs[0] as usize];
+        for i in 0..c.strides.len() {
+            let (lo, hi) = c.padding[i];
+            let input = dilated(l.shape[c.lhs[i + 2] as usize], c.lhs_dilation[i]) + lo + hi;
+            let window = dilated(r.shape[c.rhs[i + 2] as usize], c.rhs_dilation[i]);
+            shape[c.out[i + 2] as usize] = if input < window { 0 } else { (input - window) / c.strides[i] + 1 };
+        }
+        self.push(Op::Convolution(c), vec![lhs, rhs], Ty::new(l.dtype, &shape))
     }
 
     /// Slices of `a` along `axis` picked by integer `indices` (any shape):

@@ -5,8 +5,8 @@
 //! has recorded but not yet run, or nothing yet; writing a storage replaces its
 //! value. Addresses handed to PyTorch are unique, never dereferenced, and the
 //! ranges of live storages never overlap.
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::mem::ManuallyDrop;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Mutex, OnceLock};
 
 use crate::error::{Error, Result};

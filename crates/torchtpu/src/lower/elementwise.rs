@@ -76,6 +76,8 @@ pub static ENTRIES: &[Entry] = &[
     op("addcmul", |cx| addc(cx, "stablehlo.multiply")),
     op("addcdiv", |cx| addc(cx, "stablehlo.divide")),
     op("isnan", isnan),
+    op("isposinf", |cx| is_infinity(cx, f64::INFINITY)),
+    op("isneginf", |cx| is_infinity(cx, f64::NEG_INFINITY)),
 ];
 
 /// float16/bfloat16 are computed in float32 (PyTorch's "opmath" type).
@@ -100,7 +102,7 @@ pub(super) fn finish(cx: &mut Cx, v: V, dtype: DType) -> Result<Vec<V>> {
 
 /// `x` (in opmath) rounded to `dtype` and back: the CPU kernels of
 /// float16/bfloat16 round some intermediate results. Identity otherwise.
-fn round_to(cx: &mut Cx, x: V, dtype: DType) -> V {
+pub(super) fn round_to(cx: &mut Cx, x: V, dtype: DType) -> V {
     let ct = cx.g.ty(x).dtype;
     let r = cx.g.convert(x, dtype);
     cx.g.convert(r, ct)
@@ -760,4 +762,15 @@ fn sigmoid_backward(cx: &mut Cx) -> Result<Vec<V>> {
 fn isnan(cx: &mut Cx) -> Result<Vec<V>> {
     let x = cx.tensor("self")?;
     Ok(vec![cx.g.compare("NE", x, x)])
+}
+
+/// `self == inf` (of that sign); never true for integers and bools.
+fn is_infinity(cx: &mut Cx, inf: f64) -> Result<Vec<V>> {
+    let t = cx.meta("self")?;
+    if !t.dtype.is_float() {
+        return Ok(vec![cx.g.full(0.0, DType::Bool, t.sizes)]);
+    }
+    let x = cx.tensor("self")?;
+    let inf = cx.g.full(inf, t.dtype, t.sizes);
+    Ok(vec![cx.g.compare("EQ", x, inf)])
 }

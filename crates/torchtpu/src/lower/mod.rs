@@ -6,6 +6,13 @@
 //! same lowering by base name, and their result is written into the mutated
 //! argument afterwards. Arguments are found by their schema names, which are
 //! shared by an operator's overloads.
+//!
+//! A lowering returns the schema's results in order; an output_mask's
+//! unrequested gradient is [`UNDEFINED`]. An operator that also mutates other
+//! arguments (`Tensor(a!) running_mean`, or an argument listed in its entry's
+//! `writes` because the schema does not mark it) returns their next values
+//! after its results, one per defined written argument in schema order
+//! ([`Cx::writes`]); the adapter writes them back as it does out= results.
 use std::sync::RwLock;
 
 use crate::args::{Arg, Tensor};
@@ -15,11 +22,13 @@ use crate::ir::{Graph, Ty, V};
 use crate::storage::Storage;
 use crate::view;
 
+mod conv;
 mod elementwise;
 mod factory;
 mod index;
 mod linalg;
 mod nn;
+mod norm;
 mod random;
 mod reduce;
 mod shape;
@@ -33,23 +42,34 @@ pub struct Entry {
     /// `Scalar`/`float` arguments this lowering needs as compile-time
     /// constants (shape-determining ones); all others are runtime operands.
     pub consts: &'static [&'static str],
+    /// Arguments the operator mutates though its schema does not mark them.
+    pub writes: &'static [&'static str],
 }
 
 pub const fn op(name: &'static str, lower: Lowering) -> Entry {
-    Entry { name, lower, consts: &[] }
+    Entry { name, lower, consts: &[], writes: &[] }
 }
 
 pub const fn op_consts(name: &'static str, lower: Lowering, consts: &'static [&'static str]) -> Entry {
-    Entry { name, lower, consts }
+    Entry { name, lower, consts, writes: &[] }
 }
+
+pub const fn op_writes(name: &'static str, lower: Lowering, writes: &'static [&'static str]) -> Entry {
+    Entry { name, lower, consts: &[], writes }
+}
+
+/// A lowering's result that is an undefined tensor.
+pub const UNDEFINED: V = V::MAX;
 
 fn table() -> impl Iterator<Item = &'static Entry> {
     [
+        conv::ENTRIES,
         elementwise::ENTRIES,
         factory::ENTRIES,
         index::ENTRIES,
         linalg::ENTRIES,
         nn::ENTRIES,
+        norm::ENTRIES,
         random::ENTRIES,
         reduce::ENTRIES,
         shape::ENTRIES,
@@ -63,6 +83,8 @@ pub struct ArgDef {
     pub name: String,
     pub ty: String,
     pub is_out: bool,
+    /// Mutated, but neither out= nor an in-place self.
+    pub is_written: bool,
 }
 
 /// A registered operator overload.
@@ -91,6 +113,10 @@ pub fn register(name: &str, overload: &str, args: Vec<ArgDef>, inplace: bool) ->
     let base = name.strip_prefix("aten::")?;
     let base = if inplace { base.strip_suffix('_').unwrap_or(base) } else { base };
     let entry = table().find(|e| e.name == base)?;
+    let mut args = args;
+    for a in args.iter_mut().filter(|a| entry.writes.contains(&a.name.as_str())) {
+        a.is_written = true;
+    }
     let mut ops = OPS.write().unwrap();
     let id = ops.len() as i32;
     let full = if overload.is_empty() { name.to_string() } else { format!("{name}.{overload}") };
@@ -127,7 +153,7 @@ fn contiguous(cx: &mut Cx) -> Result<Vec<V>> {
 }
 
 pub fn internal(name: &str, id: i32) -> OpDef {
-    let arg = |n: &str| ArgDef { name: n.into(), ty: "Tensor".into(), is_out: false };
+    let arg = |n: &str| ArgDef { name: n.into(), ty: "Tensor".into(), is_out: false, is_written: false };
     let entry = COPY_ENTRIES.iter().find(|e| e.name == name).expect("internal op");
     OpDef { id, name: name.into(), entry, args: vec![arg("src"), arg("dst")] }
 }
@@ -199,6 +225,13 @@ impl<'a> Cx<'a> {
         self.arg(name).map_or(true, |a| matches!(a, Arg::None))
     }
 
+    /// Whether this overload mutates tensor argument `name` and it is
+    /// defined: the lowering then returns its next value (see the module's
+    /// comment).
+    pub fn writes(&self, name: &str) -> bool {
+        self.index(name).is_ok_and(|i| self.op.args[i].is_written) && !self.is_none(name)
+    }
+
     fn bad(&self, name: &str, what: &str) -> Error {
         Error::runtime(format!("torchtpu: {}: argument '{name}' is not {what}", self.op.name))
     }
@@ -245,6 +278,13 @@ impl<'a> Cx<'a> {
             Arg::Ints(v) => Ok(v.to_vec()),
             Arg::Int(i) => Ok(vec![*i]),
             _ => Err(self.bad(name, "an int list")),
+        }
+    }
+
+    pub fn bools(&self, name: &str) -> Result<Vec<bool>> {
+        match self.arg(name)? {
+            Arg::Bools(v) => Ok(v.clone()),
+            _ => Err(self.bad(name, "a bool list")),
         }
     }
 

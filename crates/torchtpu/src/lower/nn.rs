@@ -84,7 +84,7 @@ fn float_self(cx: &mut Cx, kernel: &str) -> Result<(V, DType)> {
 }
 
 /// Reduces `x` over `dims` and broadcasts the result back to x's shape.
-fn reduce_back(cx: &mut Cx, kind: ReduceKind, x: V, dims: &[usize]) -> V {
+pub(super) fn reduce_back(cx: &mut Cx, kind: ReduceKind, x: V, dims: &[usize]) -> V {
     let shape = cx.g.ty(x).shape.clone();
     let r = cx.g.reduce(kind, x, dims);
     let kept: Vec<i64> = (0..shape.len()).filter(|d| !dims.contains(d)).map(|d| d as i64).collect();

@@ -1,4 +1,4 @@
-//! Operators that rearrange data: concatenation and friends.
+//! Operators that rearrange data: concatenation and friends, triangles.
 use super::reduce::dim_list;
 use super::{op, wrap_dim, Cx, Entry};
 use crate::args::Tensor;
@@ -6,7 +6,8 @@ use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::ir::V;
 
-pub static ENTRIES: &[Entry] = &[op("cat", cat), op("flip", flip)];
+pub static ENTRIES: &[Entry] =
+    &[op("cat", cat), op("flip", flip), op("tril", |cx| triangle(cx, true)), op("triu", |cx| triangle(cx, false))];
 
 /// PyTorch's checks that `t` expands to `target` (`Tensor.expand`).
 pub fn expand_check(t: &Tensor, target: &[i64]) -> Result<()> {
@@ -41,6 +42,26 @@ fn flip(cx: &mut Cx) -> Result<Vec<V>> {
     let dims: Vec<i64> = dim_list(&cx.ints("dims")?, t.sizes.len())?.into_iter().map(|d| d as i64).collect();
     let x = cx.tensor("self")?;
     Ok(vec![if dims.is_empty() { x } else { cx.g.reverse(x, &dims) }])
+}
+
+/// The lower (`tril`) or upper triangle of the last two dimensions from
+/// `diagonal` on: elements with `column - row <= diagonal` (lower) or
+/// `>= diagonal` (upper) are kept, the others zeroed.
+fn triangle(cx: &mut Cx, lower: bool) -> Result<Vec<V>> {
+    let t = cx.meta("self")?;
+    let rank = t.sizes.len();
+    if rank < 2 {
+        let name = if lower { "tril" } else { "triu" };
+        return Err(Error::runtime(format!("{name}: input tensor must have at least 2 dimensions")));
+    }
+    let x = cx.tensor("self")?;
+    let rows = cx.g.iota(DType::I64, t.sizes, rank - 2);
+    let cols = cx.g.iota(DType::I64, t.sizes, rank - 1);
+    let offset = cx.g.binary("stablehlo.subtract", cols, rows);
+    let diagonal = cx.g.full(cx.int("diagonal")? as f64, DType::I64, t.sizes);
+    let keep = cx.g.compare(if lower { "LE" } else { "GE" }, offset, diagonal);
+    let zero = cx.g.full(0.0, t.dtype, t.sizes);
+    Ok(vec![cx.g.select(keep, x, zero)])
 }
 
 fn cat(cx: &mut Cx) -> Result<Vec<V>> {
