@@ -64,10 +64,13 @@ pub fn mode_name() -> &'static str {
 /// `inputs`) and, once some mode runs it alone, its compiled program.
 pub struct Plan {
     pub name: String,
+    /// The tensor arguments' types, for explanations.
+    arg_types: Vec<Ty>,
     pub graph: crate::ir::Graph,
     program: OnceLock<Arc<Program>>,
     pub inputs: Vec<Input>,
-    /// The op's defined results: the first `outputs.len()` graph outputs.
+    /// The op's defined results (the first `outputs.len()` graph outputs
+    /// hold them flat).
     pub outputs: Vec<Ty>,
     /// Positions of undefined results among the lowering's results (the
     /// graph computes only the others).
@@ -85,11 +88,11 @@ impl Plan {
         Ok(self.program.get_or_init(|| p).clone())
     }
 
-    /// `aten::mm(f32[2,3], f32[3,4]) -> f32[2,4]`, for explanations.
+    /// `aten::mm(f32[2, 3], f32[3, 4]) -> f32[2, 4]`, for explanations.
     pub fn describe(&self) -> String {
         let tys =
             |t: &[Ty]| t.iter().map(|t| format!("{}{:?}", t.dtype.mlir(), t.shape)).collect::<Vec<_>>().join(", ");
-        format!("{}({}) -> {}", self.name, tys(&self.graph.params), tys(&self.outputs))
+        format!("{}({}) -> {}", self.name, tys(&self.arg_types), tys(&self.outputs))
     }
 }
 
@@ -207,7 +210,11 @@ fn build(op: &OpDef, args: &[Arg], device: usize) -> Result<Plan> {
     let undefined = (0..results.len()).filter(|&i| results[i] == lower::UNDEFINED).collect();
     let outputs: Vec<_> = results.into_iter().filter(|&v| v != lower::UNDEFINED).collect();
     let mut g = std::mem::take(&mut cx.g);
-    g.outputs = outputs.clone();
+    let logical: Vec<Ty> = outputs.iter().map(|&v| g.ty(v).clone()).collect();
+    // Values are stored flat, so that a storage's value type never depends
+    // on the shape of the op that wrote it last (a training step recorded
+    // twice is the same program, whichever op produced each buffer).
+    g.outputs = outputs.iter().map(|&v| g.reshape(v, &[g.ty(v).numel()])).collect();
     let mut checks = Vec::new();
     for mut check in std::mem::take(&mut cx.checks) {
         g.outputs.push(check.flag);
@@ -218,13 +225,20 @@ fn build(op: &OpDef, args: &[Arg], device: usize) -> Result<Plan> {
         }
         checks.push(check);
     }
-    let outputs = outputs.iter().map(|&v| g.ty(v).clone()).collect();
     Ok(Plan {
         name: op.name.clone(),
+        arg_types: args
+            .iter()
+            .flat_map(|a| match a {
+                Arg::Tensor(t) => vec![t.ty()],
+                Arg::Tensors(ts) => ts.iter().flatten().map(|t| t.ty()).collect(),
+                _ => vec![],
+            })
+            .collect(),
         graph: g,
         program: OnceLock::new(),
         inputs: cx.inputs,
-        outputs,
+        outputs: logical,
         undefined,
         checks,
     })
@@ -367,7 +381,7 @@ fn execute(plan: &Plan, what: &str, args: &[Arg], device: usize) -> Result<Vec<A
     bump(&METRICS.executions);
     let mut outs: Vec<Arc<DeviceBuffer>> = Vec::with_capacity(raw.len());
     for (i, buf) in raw.into_iter().enumerate() {
-        let ty = plan.outputs.get(i).cloned().unwrap_or(Ty::new(DType::Bool, &[]));
+        let ty = plan.outputs.get(i).map_or(Ty::new(DType::Bool, &[]), Ty::flat);
         outs.push(DeviceBuffer::new(buf, ty));
     }
     for check in &plan.checks {
@@ -468,18 +482,18 @@ fn apply(plan: &Arc<Plan>, what: &str, args: &[Arg], device: usize) -> Result<Ve
     Ok(execute(plan, what, args, device)?.into_iter().map(Value::Ready).collect())
 }
 
-/// Runs a functional operator; its results are fresh storages (None for
-/// undefined ones).
-pub fn run_op(op: &OpDef, args: &[Arg]) -> Result<Vec<Option<Arc<Storage>>>> {
+/// Runs a functional operator; its results are fresh storages and the
+/// results' types (None for undefined ones).
+pub fn run_op(op: &OpDef, args: &[Arg]) -> Result<Vec<Option<(Arc<Storage>, Ty)>>> {
     let device = device_of(op, args)?;
     let plan = plan(op, args, device)?;
     let outs = apply(&plan, &op.name, args, device)?;
     let mut results: Vec<_> = outs
         .into_iter()
-        .map(|v| {
-            let ty = v.ty();
+        .zip(&plan.outputs)
+        .map(|(v, ty)| {
             let nbytes = ty.numel() * ty.dtype.size() as i64;
-            Some(Storage::new(device, nbytes, Some(v)))
+            Some((Storage::new(device, nbytes, Some(v)), ty.clone()))
         })
         .collect();
     for &i in &plan.undefined {
@@ -527,7 +541,7 @@ pub fn copy(src: &Tensor, dst: &Tensor) -> Result<()> {
         }
         (None, Some(device)) => {
             let storage = dst.storage.ok_or_else(|| Error::runtime("torchtpu: copy into a tensor without storage"))?;
-            let buf = upload(src.host_bytes(), dst.ty(), device)?;
+            let buf = upload(src.host_bytes(), dst.ty().flat(), device)?;
             if dst.view().is_whole(storage.nbytes / dst.dtype.size() as i64) {
                 storage.set(Value::Ready(buf));
                 return Ok(());

@@ -160,8 +160,8 @@ pub unsafe extern "C" fn tt_op_run(
             let (out, shapes) = &mut *r.borrow_mut();
             out.clear();
             shapes.clear();
-            for s in storages {
-                let Some(s) = s else {
+            for result in storages {
+                let Some((s, ty)) = result else {
                     shapes.push(Vec::new());
                     out.push(TtResult {
                         storage: std::ptr::null_mut(),
@@ -174,7 +174,6 @@ pub unsafe extern "C" fn tt_op_run(
                     });
                     continue;
                 };
-                let ty = s.value().expect("fresh result").ty().clone();
                 shapes.push(ty.shape.clone());
                 out.push(TtResult {
                     storage: std::ptr::null_mut(),

@@ -20,6 +20,10 @@ impl Ty {
     pub fn numel(&self) -> i64 {
         self.shape.iter().product()
     }
+    /// The same elements as a 1-D array.
+    pub fn flat(&self) -> Ty {
+        Ty::new(self.dtype, &[self.numel()])
+    }
     pub fn rank(&self) -> usize {
         self.shape.len()
     }

@@ -187,8 +187,9 @@ pub fn record(plan: &Arc<Plan>, args: &[Arg], device: usize) -> Result<Vec<Value
         .outputs
         .iter()
         .zip(&g.outputs)
-        .map(|(ty, &out)| {
-            let p = Arc::new(Pending { epoch, node: map[out], ty: ty.clone(), result: OnceLock::new() });
+        .map(|(_, &out)| {
+            let ty = t.graph.ty(map[out]).clone();
+            let p = Arc::new(Pending { epoch, node: map[out], ty, result: OnceLock::new() });
             t.pending.push(Arc::downgrade(&p));
             Value::Pending(p)
         })
