@@ -19,8 +19,11 @@ STEPS = 20
 LR = 1e-4
 
 
-# Adam's at LR (above); SGD with momentum does not amplify rounding.
-LEARNING_RATES = {"mlp": LR, "transformer": LR, "cnn": 0.05}
+# Adam's at LR (above). The CNN fits random labels with batch norm and
+# momentum: at its benchmark rate (0.05) step-1 rounding differences (1e-7,
+# convolutions summing in another order) grow to 1e-3 by step 20; at 0.005
+# they stay near 1e-5.
+LEARNING_RATES = {"mlp": LR, "transformer": LR, "cnn": 0.005}
 CPU_LOSSES = {}
 
 

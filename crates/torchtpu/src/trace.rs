@@ -183,11 +183,9 @@ pub fn record(plan: &Arc<Plan>, args: &[Arg], device: usize) -> Result<Vec<Value
         map.push(v);
     }
     let epoch = t.epoch;
-    let results = plan
-        .outputs
+    let results = g.outputs[..plan.outputs.len()]
         .iter()
-        .zip(&g.outputs)
-        .map(|(_, &out)| {
+        .map(|&out| {
             let ty = t.graph.ty(map[out]).clone();
             let p = Arc::new(Pending { epoch, node: map[out], ty, result: OnceLock::new() });
             t.pending.push(Arc::downgrade(&p));
