@@ -1,13 +1,26 @@
 """The MLP training step of examples/workloads.py written in JAX and jitted
-whole: the floor for fused mode on the same XLA CPU backend. Prints
-"<first step s> <steps/s>". Run by bench/training.py in a process of its own."""
+whole: the floor for fused mode. Prints "<first step s> <steps/s>". Run by
+bench/training.py in a process of its own:
+
+    python bench/jax_mlp.py [PJRT plugin .so]
+
+With a plugin path JAX runs on that PJRT plugin (torchtpu's, so both use the
+same XLA CPU backend); without one, on jaxlib's own CPU backend.
+"""
 import sys
 import time
 from pathlib import Path
 
 import jax
-import jax.numpy as jnp
-import numpy as np
+
+if len(sys.argv) > 1:
+    from jax._src import xla_bridge
+
+    xla_bridge.register_plugin("torchtpu_plugin", priority=500, library_path=sys.argv[1], options=None)
+    jax.config.update("jax_platforms", "torchtpu_plugin")
+
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
 from workloads import mlp_batches  # noqa: E402
