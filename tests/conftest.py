@@ -19,6 +19,15 @@ def mode(request):
         yield request.param
 
 
+@pytest.fixture
+def seeded_without_fallbacks():
+    """Seeds torch's RNG and asserts the test ran nothing on the CPU."""
+    torch.manual_seed(0)
+    torchtpu.reset_metrics()
+    yield
+    assert torchtpu.metrics()["fallbacks"] == {}
+
+
 def synced(fn, *args):
     """fn(*args), then waits for the device: in fused mode a data-dependent
     error (an index out of range) surfaces where the host waits, as on CUDA."""

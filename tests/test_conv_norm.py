@@ -14,12 +14,7 @@ import torch.nn.functional as F
 import torchtpu
 
 
-@pytest.fixture(autouse=True)
-def seeded_without_fallbacks():
-    torch.manual_seed(0)
-    torchtpu.reset_metrics()
-    yield
-    assert torchtpu.metrics()["fallbacks"] == {}
+pytestmark = pytest.mark.usefixtures("seeded_without_fallbacks")
 
 
 def close(tpu, cpu, **tol):

@@ -14,12 +14,7 @@ import torchtpu
 from conftest import synced, to_tpu
 
 
-@pytest.fixture(autouse=True)
-def seeded_without_fallbacks():
-    torch.manual_seed(0)
-    torchtpu.reset_metrics()
-    yield
-    assert torchtpu.metrics()["fallbacks"] == {}
+pytestmark = pytest.mark.usefixtures("seeded_without_fallbacks")
 
 
 def assert_same(tpu, cpu, **tol):

@@ -47,16 +47,20 @@ fn dump(mlir: &str, what: &str) -> Option<PathBuf> {
     Some(path)
 }
 
-/// Everything besides the program text that decides the executable.
-fn identity(rt: &runtime::Runtime, portable: bool) -> String {
-    let plugin = std::fs::metadata(&rt.plugin).map(|m| m.len()).unwrap_or(0);
-    format!(
-        "torchtpu-cache-1|{}|{plugin}|{}|{}|portable={portable}|XLA_FLAGS={}",
-        rt.plugin.display(),
-        rt.client.platform_name(),
-        rt.client.platform_version(),
-        std::env::var("XLA_FLAGS").unwrap_or_default()
-    )
+/// Everything besides the program text that decides the executable (fixed
+/// once the runtime has started).
+fn identity(rt: &runtime::Runtime, portable: bool) -> &'static str {
+    static IDENTITY: OnceLock<String> = OnceLock::new();
+    IDENTITY.get_or_init(|| {
+        let plugin = std::fs::metadata(&rt.plugin).map(|m| m.len()).unwrap_or(0);
+        format!(
+            "torchtpu-cache-1|{}|{plugin}|{}|{}|portable={portable}|XLA_FLAGS={}",
+            rt.plugin.display(),
+            rt.client.platform_name(),
+            rt.client.platform_version(),
+            std::env::var("XLA_FLAGS").unwrap_or_default()
+        )
+    })
 }
 
 /// The executable of `graph`, compiled on first sight (in this process or,

@@ -43,15 +43,15 @@ pub static ENTRIES: &[Entry] = &[
 
 // ------------------------------------------------------------------ helpers
 
-fn add(cx: &mut Cx, a: V, b: V) -> V {
+pub(super) fn add(cx: &mut Cx, a: V, b: V) -> V {
     cx.g.binary("stablehlo.add", a, b)
 }
 
-fn sub(cx: &mut Cx, a: V, b: V) -> V {
+pub(super) fn sub(cx: &mut Cx, a: V, b: V) -> V {
     cx.g.binary("stablehlo.subtract", a, b)
 }
 
-fn mul(cx: &mut Cx, a: V, b: V) -> V {
+pub(super) fn mul(cx: &mut Cx, a: V, b: V) -> V {
     cx.g.binary("stablehlo.multiply", a, b)
 }
 

@@ -8,7 +8,7 @@
 //! input comes with float32 parameters ("mixed type"), else in the input's
 //! dtype. `eps` and `momentum` are runtime operands.
 use super::elementwise::{not_implemented, opmath, round_to};
-use super::nn::reduce_back;
+use super::nn::{add, mul, reduce_back, sub};
 use super::{op, op_writes, Cx, Entry, UNDEFINED};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
@@ -27,18 +27,6 @@ pub static ENTRIES: &[Entry] = &[
 ];
 
 const RUNNING: [&str; 2] = ["running_mean", "running_var"];
-
-fn add(cx: &mut Cx, a: V, b: V) -> V {
-    cx.g.binary("stablehlo.add", a, b)
-}
-
-fn sub(cx: &mut Cx, a: V, b: V) -> V {
-    cx.g.binary("stablehlo.subtract", a, b)
-}
-
-fn mul(cx: &mut Cx, a: V, b: V) -> V {
-    cx.g.binary("stablehlo.multiply", a, b)
-}
 
 /// The dtype of the saved statistics: float32 for a float16/bfloat16 input
 /// with a float32 parameter among `params`, else the input's.
