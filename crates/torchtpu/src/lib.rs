@@ -16,6 +16,7 @@ pub mod lower;
 pub mod metrics;
 mod python;
 pub mod runtime;
+pub mod simplify;
 pub mod storage;
 pub mod trace;
 pub mod view;

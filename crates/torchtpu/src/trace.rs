@@ -26,6 +26,7 @@ use crate::ir::{Graph, Op, V};
 use crate::lower::Input;
 use crate::metrics::{add, bump, METRICS};
 use crate::runtime;
+use crate::simplify;
 use crate::storage::{DeviceBuffer, Pending, Value};
 
 /// Why a trace was flushed (counted per kind in the metrics).
@@ -269,7 +270,7 @@ fn lower_trace(trace: &Trace, live: &[Arc<Pending>]) -> Lowered {
                 params.push(n);
                 g.param(node.ty.clone())
             }
-            _ => g.push(node.op.clone(), node.args.iter().map(|&a| map[a]).collect(), node.ty.clone()),
+            _ => simplify::push(&mut g, node.op.clone(), node.args.iter().map(|&a| map[a]).collect(), node.ty.clone()),
         };
     }
     let output = |g: &mut Graph, v: V| {
@@ -288,6 +289,7 @@ fn lower_trace(trace: &Trace, live: &[Arc<Pending>]) -> Lowered {
         .iter()
         .map(|c| (output(&mut g, c.flag), c.value.map(|v| output(&mut g, v)), c.kind, c.message.clone()))
         .collect();
+    simplify::prune(&mut g);
     // Donate parameters nobody else holds (nor will: passed through) to an
     // output of the same type.
     g.donors = vec![None; params.len()];
