@@ -63,6 +63,16 @@ pub struct Pending {
     pub node: V,
     pub ty: Ty,
     pub result: OnceLock<std::result::Result<Arc<DeviceBuffer>, String>>,
+    /// The buffer (its address, as identity) this value replaced in its
+    /// storage: the flush donates that buffer to this value, so XLA updates
+    /// it in place rather than copying it first.
+    pub replaces: OnceLock<usize>,
+}
+
+impl Pending {
+    pub fn new(epoch: u64, node: V, ty: Ty) -> Arc<Pending> {
+        Arc::new(Pending { epoch, node, ty, result: OnceLock::new(), replaces: OnceLock::new() })
+    }
 }
 
 #[derive(Clone)]
@@ -119,7 +129,20 @@ impl Storage {
     }
 
     pub fn set(&self, value: Value) {
-        *self.value.lock().unwrap() = Some(value);
+        let mut slot = self.value.lock().unwrap();
+        if let (Value::Pending(new), Some(old)) = (&value, slot.as_ref()) {
+            let replaced = match old {
+                Value::Ready(b) => Some(Arc::as_ptr(b) as usize),
+                Value::Pending(p) => match p.result.get() {
+                    Some(Ok(b)) => Some(Arc::as_ptr(b) as usize),
+                    _ => p.replaces.get().copied(),
+                },
+            };
+            if let Some(addr) = replaced {
+                let _ = new.replaces.set(addr);
+            }
+        }
+        *slot = Some(value);
     }
 
     /// Hands a storage to C++ as an opaque handle (one strong reference).

@@ -188,7 +188,7 @@ pub fn record(plan: &Arc<Plan>, args: &[Arg], device: usize) -> Result<Vec<Value
         .iter()
         .map(|&out| {
             let ty = t.graph.ty(map[out]).clone();
-            let p = Arc::new(Pending { epoch, node: map[out], ty, result: OnceLock::new() });
+            let p = Pending::new(epoch, map[out], ty);
             t.pending.push(Arc::downgrade(&p));
             Value::Pending(p)
         })
@@ -290,16 +290,35 @@ fn lower_trace(trace: &Trace, live: &[Arc<Pending>]) -> Lowered {
         .map(|c| (output(&mut g, c.flag), c.value.map(|v| output(&mut g, v)), c.kind, c.message.clone()))
         .collect();
     simplify::prune(&mut g);
-    // Donate parameters nobody else holds (nor will: passed through) to an
-    // output of the same type.
+    // Donate parameters nobody else holds (nor will: passed through): each
+    // to the value that replaced it in its storage, so that XLA can update it
+    // in place, else to any output of the same type (its memory is reused).
     g.donors = vec![None; params.len()];
     let mut taken = vec![false; g.outputs.len()];
-    for (k, &n) in params.iter().enumerate() {
-        let passed = sources.iter().any(|s| matches!(s, Source::Param(m) if *m == n));
-        if passed || Arc::strong_count(&trace.params[n]) != 1 {
+    let donatable: Vec<usize> = (0..params.len())
+        .filter(|&k| {
+            let n = params[k];
+            let passed = sources.iter().any(|s| matches!(s, Source::Param(m) if *m == n));
+            !passed && Arc::strong_count(&trace.params[n]) == 1
+        })
+        .collect();
+    let param_of: FxMap<usize, usize> =
+        donatable.iter().map(|&k| (Arc::as_ptr(&trace.params[params[k]]) as usize, k)).collect();
+    for (p, source) in live.iter().zip(&sources) {
+        if let (Some(addr), Source::Output(o)) = (p.replaces.get(), source) {
+            if let Some(&k) = param_of.get(addr) {
+                if g.donors[k].is_none() && !taken[*o] && g.nodes[g.outputs[*o]].ty == g.params[k] {
+                    taken[*o] = true;
+                    g.donors[k] = Some(*o);
+                }
+            }
+        }
+    }
+    for k in donatable {
+        let ty = &g.params[k];
+        if g.donors[k].is_some() {
             continue;
         }
-        let ty = &g.params[k];
         if let Some(o) = (0..g.outputs.len()).find(|&o| !taken[o] && g.nodes[g.outputs[o]].ty == *ty) {
             taken[o] = true;
             g.donors[k] = Some(o);

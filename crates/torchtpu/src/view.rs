@@ -36,6 +36,26 @@ impl View<'_> {
     pub fn is_whole(&self, n: i64) -> bool {
         self.offset == 0 && self.numel() == n && self.is_contiguous()
     }
+
+    /// When the view's elements tile `numel` consecutive storage elements
+    /// (a permutation of a contiguous layout: transposes, permutes): its
+    /// dimensions in memory order, outermost first.
+    fn memory_order(&self) -> Option<Vec<i64>> {
+        let rank = self.sizes.len() as i64;
+        if self.is_contiguous() {
+            return Some((0..rank).collect());
+        }
+        let mut order: Vec<i64> = (0..rank).collect();
+        order.sort_by_key(|&d| std::cmp::Reverse(self.strides[d as usize]));
+        let mut expected = 1;
+        for &d in order.iter().rev().filter(|&&d| self.sizes[d as usize] > 1) {
+            if self.strides[d as usize] != expected {
+                return None;
+            }
+            expected *= self.sizes[d as usize];
+        }
+        Some(order)
+    }
 }
 
 /// The storage value `v` (any shape) as a 1-D array of `dtype` elements.
@@ -133,23 +153,25 @@ pub fn write(g: &mut Graph, old: V, view: &View, src: V) -> V {
     if numel == 0 {
         return old;
     }
+    let Some(order) = view.memory_order() else {
+        let idx = linear_indices(g, view);
+        return g.put(old, idx, src, 0, false);
+    };
+    // A consecutive range: the source laid out in memory order replaces it.
+    let src = g.transpose(src, &order);
     let src_flat = g.reshape(src, &[numel]);
-    if view.is_whole(n) {
+    if view.offset == 0 && numel == n {
         return src_flat;
     }
-    if view.is_contiguous() {
-        let mut parts = Vec::new();
-        if view.offset > 0 {
-            parts.push(g.slice(old, &[0], &[view.offset], &[1]));
-        }
-        parts.push(src_flat);
-        if view.offset + numel < n {
-            parts.push(g.slice(old, &[view.offset + numel], &[n], &[1]));
-        }
-        return g.concatenate(&parts, 0);
+    let mut parts = Vec::new();
+    if view.offset > 0 {
+        parts.push(g.slice(old, &[0], &[view.offset], &[1]));
     }
-    let idx = linear_indices(g, view);
-    g.put(old, idx, src, 0, false)
+    parts.push(src_flat);
+    if view.offset + numel < n {
+        parts.push(g.slice(old, &[view.offset + numel], &[n], &[1]));
+    }
+    g.concatenate(&parts, 0)
 }
 
 #[cfg(test)]
@@ -164,5 +186,17 @@ mod tests {
         assert!(!t.is_contiguous());
         let s = View { sizes: &[1, 3], strides: &[99, 1], offset: 3, dtype: DType::F32 };
         assert!(s.is_contiguous() && !s.is_whole(6));
+    }
+
+    #[test]
+    fn memory_order() {
+        let t = View { sizes: &[3, 2], strides: &[1, 3], offset: 0, dtype: DType::F32 };
+        assert_eq!(t.memory_order(), Some(vec![1, 0]));
+        let heads = View { sizes: &[8, 4, 64, 128], strides: &[32768, 64, 1, 256], offset: 0, dtype: DType::F32 };
+        assert_eq!(heads.memory_order(), Some(vec![0, 3, 1, 2]));
+        let column = View { sizes: &[3], strides: &[2], offset: 1, dtype: DType::F32 };
+        assert_eq!(column.memory_order(), None);
+        let expanded = View { sizes: &[3, 2], strides: &[0, 1], offset: 0, dtype: DType::F32 };
+        assert_eq!(expanded.memory_order(), None);
     }
 }
