@@ -182,7 +182,8 @@ class Worker:
 def run(names, limit=None, modes=MODES, jobs=None, timeout=120.0, progress=None):
     """Runs the sweep over `names` in `jobs` workers; returns Results.units.
     `timeout` bounds each sample (and a worker's start-up, twice over)."""
-    jobs = max(1, min(jobs or os.cpu_count() or 1, len(names)))
+    # A worker holds torch, op_db and XLA: about 1.5 GB.
+    jobs = max(1, min(jobs or min(os.cpu_count() or 1, 8), len(names)))
     argv = [sys.executable, "-m", "conformance", "--worker", "--modes", ",".join(modes)]
     argv += ["--limit", str(limit)] if limit is not None else []
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [TESTS_DIR, os.environ.get("PYTHONPATH")])))
@@ -246,18 +247,6 @@ def run(names, limit=None, modes=MODES, jobs=None, timeout=120.0, progress=None)
     return results.units
 
 
-def pass_rates(units):
-    """{(mode, dtype): (passed, run)} over units that had samples."""
-    rates = collections.defaultdict(lambda: [0, 0])
-    for by_mode in units.values():
-        for mode, by_dtype in by_mode.items():
-            for dtype, u in by_dtype.items():
-                if u["status"] != "no_samples":
-                    rates[mode, dtype][0] += u["status"] == "pass"
-                    rates[mode, dtype][1] += 1
-    return rates
-
-
 def failures(units):
     """[(entry, mode, dtype, unit)] of the units that failed."""
     return [(entry, mode, dtype, u) for entry, by_mode in units.items() for mode, by_dtype in by_mode.items()
@@ -269,7 +258,7 @@ def main(argv=None):
     p.add_argument("--limit", type=int, help="samples per entry and dtype (a fixed, seeded subset); default all")
     p.add_argument("--modes", default=",".join(MODES))
     p.add_argument("--ops", help="comma-separated op_db entries; default all but the excluded ones")
-    p.add_argument("--jobs", type=int, help="worker processes; default the number of CPUs")
+    p.add_argument("--jobs", type=int, help="worker processes; default the number of CPUs, at most 8")
     p.add_argument("--timeout", type=float, default=120.0, help="seconds a sample may run")
     p.add_argument("--out", default="build/conformance.json", help="where the results go (JSON)")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -278,6 +267,9 @@ def main(argv=None):
     if args.worker:
         return worker(args.limit, modes)
 
+    from torchtpu.coverage import pass_rates
+
+    from conformance.compare import DTYPES
     from conformance.known_failures import known_failure
 
     names = args.ops.split(",") if args.ops else entries()
@@ -291,7 +283,8 @@ def main(argv=None):
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(dict(torch=torch.__version__, limit=args.limit, modes=modes, seconds=time.monotonic() - began,
-                       results=units), f, indent=1, sort_keys=True)
+                       dtypes=[str(d).removeprefix("torch.") for d in DTYPES], results=units), f, indent=1,
+                  sort_keys=True)
     print(f"{len(names)} entries in {time.monotonic() - began:.0f} s; results in {args.out}")
     print("pass rate (entries passing every sample / entries with samples):")
     for (mode, dtype), (ok, n) in sorted(pass_rates(units).items()):
