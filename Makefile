@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 export PYO3_PYTHON := $(abspath $(PY))
 export VIRTUAL_ENV := $(abspath $(VENV))
 
-.PHONY: demo test build bench clean
+.PHONY: demo test build bench conformance clean
 
 $(VENV)/.installed: requirements.txt
 	python3 -m venv $(VENV)
@@ -23,6 +23,14 @@ test: build
 	TORCHTPU_PJRT_PLUGIN=$$($(PY) -c "import torchtpu._plugin as p; print(p.find_plugin()[0])") \
 		cargo test -q --workspace
 	$(PY) -m pytest -q tests
+
+# The whole OpInfo conformance sweep (every sample; `make test` runs a seeded
+# subset): prints the pass rate per mode and dtype, writes build/conformance.json
+# and the table docs/COVERAGE.md.
+conformance: build
+	PYTHONPATH=tests $(PY) -m conformance --out build/conformance.json || status=$$?; \
+	$(PY) -m torchtpu.coverage --results build/conformance.json --markdown docs/COVERAGE.md; \
+	exit $${status:-0}
 
 bench: build
 	$(VENV)/bin/pip install -q -r bench/requirements.txt

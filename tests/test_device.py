@@ -38,6 +38,16 @@ def test_plain_tensors_round_trip():
     assert torch.ones(2, 2, device="tpu").sum().item() == 4.0
 
 
+def test_non_blocking_and_pinned_transfers():
+    """Non-blocking copies to the host allocate "pinned" memory, which tpu
+    serves from the CPU allocator."""
+    x = torch.randn(3, 5)
+    t = x.to("tpu", non_blocking=True)
+    torch.testing.assert_close(t.to("cpu", non_blocking=True), x)
+    torch.testing.assert_close(t.to("cpu", torch.float64, True), x.double())
+    torch.testing.assert_close(x.pin_memory().to("tpu").cpu(), x)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16,
                                    torch.int64, torch.int32, torch.int8, torch.uint8, torch.bool])
 def test_dtypes_round_trip(dtype):

@@ -1,22 +1,23 @@
 """Conformance of the lowered operators with PyTorch on CPU.
 
-Samples come from PyTorch's own OpInfo database: each sample is built on
-CPU, copied to tpu, and the results (values, dtype, shape), gradients, out=
-and in-place variants are compared with CPU on the same inputs. A lowered
-op must not fall back to CPU. Debug mode runs a seeded subset of samples
-(it shares strict mode's compiled programs, so it mostly costs execution).
+Every check of tests/conformance/compare.py on the lowered entries of
+PyTorch's OpInfo database: results (values, dtype, shape), gradients, out=
+and in-place variants, error inputs, and strided views. A lowered op must
+not fall back to CPU. The conformance sweep (test_conformance.py) covers
+every other entry's values and gradients.
 """
-import math
-import random
 import re
 
 import pytest
 import torch
 import torchtpu
-from torch.testing._internal.common_methods_invocations import op_db
 from torch.utils._pytree import tree_leaves, tree_map
 
 from conftest import synced, to_cpu
+from conformance import compare
+from conformance.compare import (DTYPES, assert_close, call, copy_sample, expect_same_error, for_each_sample, grads,
+                                 opinfo)
+from conformance.exclusions import has_complex
 
 # OpInfo entries ("name" or "name.variant") whose computation is lowered.
 OPS = [
@@ -51,20 +52,6 @@ OPS = [
     "nn.functional.layer_norm", "native_layer_norm", "nn.functional.group_norm", "native_group_norm",
 ]
 
-DTYPES = [torch.float32, torch.bfloat16, torch.int64, torch.bool]
-
-# entry -> (predicate on samples to leave out, why). Samples mixing in
-# complex numbers are left out everywhere: tpu has no complex dtypes.
-SINGLE_ELEMENT_NORM = (lambda s: math.prod(s.args[0]) == 1,
-                       "normalizing one element: CPU's fused multiply-add leaves a rounding residue "
-                       "of x * rstd where the exact result, 0, is what tpu gives")
-SKIPPED_SAMPLES = {
-    "scatter": (lambda s: s.kwargs.get("reduce") == "multiply",
-                "reduce='multiply' (deprecated) needs a multiplying scatter in the IR"),
-    "nn.functional.layer_norm": SINGLE_ELEMENT_NORM,
-    "native_layer_norm": SINGLE_ELEMENT_NORM,
-}
-
 # (entry, check) -> CPU fallbacks that check accepts: (op names, why).
 ALLOWED_FALLBACKS = {
     ("masked_fill", "grad"): ({"aten::masked_select"}, "a tensor value's gradient has a data-dependent shape"),
@@ -79,40 +66,8 @@ KNOWN_GAPS = {
     ("cat", "errors"): "adapter: cat(out=) must reject an out tensor that is one of the inputs",
 }
 
-# entry -> {dtype: assert_close tolerances} where CPU's accumulation
-# order cannot be reproduced.
-CONV_FLOAT32 = dict(atol=1e-4, rtol=3e-5)
-# CPU's bfloat16 transposed convolutions round partial sums to bfloat16;
-# tpu sums in float32 and rounds once (about half CPU's error against a
-# float32 reference). The two differ by under 1% of the output's largest
-# magnitude (up to ~900 in the samples).
-CONV_TRANSPOSE_BFLOAT16 = dict(atol=4.0, rtol=0.02)
-# CPU's bfloat16 batch norm saves an invstd one bfloat16 ulp off the
-# correctly rounded value in some samples (0.2236 for float32's 0.2242, where
-# tpu gives 0.2246); outputs then differ by up to 2^-7 relative.
-BATCH_NORM_BFLOAT16 = dict(atol=0.07, rtol=0.016)
-TOLERANCES = {
-    # Batched products of large-magnitude samples cancel in long sums.
-    "matmul": {torch.float32: dict(atol=1e-4, rtol=1.3e-6)},
-    # Fused programs let XLA evaluate x**(y-1) in the gradient as one fused
-    # exp/log: a few ulp off on values near 1e5.
-    "pow": {torch.float32: dict(atol=1e-5, rtol=5e-6)},
-    # Convolutions of large-magnitude samples sum in another order than CPU's kernels.
-    **{f"nn.functional.conv{d}d": {torch.float32: CONV_FLOAT32} for d in (1, 2, 3)},
-    **{f"nn.functional.conv_transpose{d}d": {torch.float32: CONV_FLOAT32, torch.bfloat16: CONV_TRANSPOSE_BFLOAT16}
-       for d in (1, 2, 3)},
-    **{name: {torch.bfloat16: BATCH_NORM_BFLOAT16}
-       for name in ("nn.functional.batch_norm", "native_batch_norm", "_native_batch_norm_legit")},
-}
-
 # Debug mode runs this many samples per (op, dtype).
 DEBUG_SAMPLES = 3
-
-BY_NAME = {op.name + (f".{op.variant_test_name}" if op.variant_test_name else ""): op for op in op_db}
-
-
-def opinfo(name):
-    return BY_NAME[name]
 
 
 def mark_known_gap(request, name, check):
@@ -122,43 +77,10 @@ def mark_known_gap(request, name, check):
         request.applymarker(pytest.mark.xfail(reason=KNOWN_GAPS[(name, check)], strict=strict))
 
 
-def has_complex(sample):
-    return any(isinstance(x, complex) or isinstance(x, torch.Tensor) and x.is_complex()
-               for x in tree_leaves((sample.input, sample.args, sample.kwargs)))
-
-
 def samples(name, dtype, mode, requires_grad=False):
-    """The op's CPU samples but complex and SKIPPED_SAMPLES ones; a seeded
-    subset of them in debug mode."""
-    op = opinfo(name)
-    skipped = SKIPPED_SAMPLES.get(name, (lambda s: False, ""))[0]
-    all_samples = [s for s in op.sample_inputs("cpu", dtype, requires_grad=requires_grad)
-                   if not has_complex(s) and not skipped(s)]
-    if mode == "debug" and len(all_samples) > DEBUG_SAMPLES:
-        all_samples = random.Random(f"{op.name}.{op.variant_test_name}.{dtype}").sample(all_samples, DEBUG_SAMPLES)
-    return all_samples
-
-
-def copy_sample(sample, device):
-    """A copy of `sample` on `device` (factories' `device=` included); a
-    tensor used twice stays one tensor."""
-    memo = {}
-
-    def move(t):
-        if not isinstance(t, torch.Tensor):
-            return t
-        if id(t) not in memo:
-            memo[id(t)] = t.detach().to(device, copy=True).requires_grad_(t.requires_grad)
-        return memo[id(t)]
-
-    copy = sample.transform(move)
-    if "device" in copy.kwargs:
-        copy.kwargs["device"] = device
-    return copy
-
-
-def call(fn, sample, **extra):
-    return fn(sample.input, *sample.args, **sample.kwargs, **extra)
+    """The op's CPU samples; a seeded subset of them in debug mode (it
+    shares strict mode's compiled programs, so it mostly costs execution)."""
+    return compare.samples(name, dtype, DEBUG_SAMPLES if mode == "debug" else None, requires_grad)
 
 
 def assert_no_fallbacks(name, check):
@@ -175,49 +97,13 @@ def run_on_tpu(name, check, fn, sample, **extra):
     return result
 
 
-def assert_close(name, actual, expected):
-    dtype = next((t.dtype for t in tree_leaves(expected) if isinstance(t, torch.Tensor)), None)
-    tolerance = TOLERANCES.get(name, {}).get(dtype, {})
-    torch.testing.assert_close(to_cpu(actual), expected, equal_nan=True, **tolerance)
-
-
-def expect_same_error(error, fn, *args):
-    """fn(*args) raises `error`'s type with its message (first line)."""
-    with pytest.raises(type(error), match=re.escape(str(error).split("\n")[0])):
-        synced(fn, *args)
-
-
 def expect_same(name, check, fn, sample):
-    """Runs fn on the CPU sample and on its tpu copy; they must agree in
-    results, or raise the same exception. Returns the (cpu, tpu) samples
-    as fn left them, or None when both raised."""
-    cpu_sample, tpu_sample = copy_sample(sample, "cpu"), copy_sample(sample, "tpu")
-    try:
-        expected = call(fn, cpu_sample)
-    except Exception as e:
-        expect_same_error(e, call, fn, tpu_sample)
-        return None
-    assert_close(name, run_on_tpu(name, check, fn, tpu_sample), expected)
-    return cpu_sample, tpu_sample
-
-
-def describe(sample):
-    return repr(tree_map(lambda t: (t.dtype, tuple(t.shape)) if isinstance(t, torch.Tensor) else t,
-                         (sample.input, sample.args, sample.kwargs)))
+    return compare.expect_same(name, fn, sample, on_tpu=lambda fn, s: run_on_tpu(name, check, fn, s))
 
 
 def supported(op, dtype):
     if dtype not in op.supported_dtypes("cpu"):
         pytest.skip(f"{op.name} does not support {dtype} on CPU")
-
-
-def for_each_sample(name, samples_, check):
-    """Runs check(sample) on each sample, naming the sample on failure."""
-    for s in samples_:
-        try:
-            check(s)
-        except AssertionError as e:
-            raise AssertionError(f"{name} sample {describe(s)}: {e}") from None
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
@@ -265,9 +151,10 @@ def test_inplace(request, name, dtype, mode):
     supported(op, dtype)
 
     def check(s):
-        inputs = expect_same(name, "inplace", op.inplace_variant, s)
-        if inputs is not None:
-            assert_close(name, inputs[1].input, inputs[0].input)
+        found = expect_same(name, "inplace", op.inplace_variant, s)
+        if found is not None:
+            (cpu_sample, tpu_sample), _ = found
+            assert_close(name, tpu_sample.input, cpu_sample.input)
 
     for_each_sample(name, samples(name, dtype, mode), check)
 

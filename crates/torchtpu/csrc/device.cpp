@@ -5,6 +5,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/core/GeneratorForPrivateuseone.h>
 #include <ATen/detail/PrivateUse1HooksInterface.h>
+#include <c10/core/CPUAllocator.h>
 #include <c10/core/CachingDeviceAllocator.h>
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
@@ -157,6 +158,10 @@ struct Hooks final : at::PrivateUse1HooksInterface {
   at::Device getDeviceFromPtr(void*) const override {
     return {c10::DeviceType::PrivateUse1, current_device};
   }
+  // Host memory needs no pinning for PJRT's transfers: `pin_memory()` and
+  // non_blocking copies to the host (which allocate "pinned" results) use
+  // ordinary CPU memory.
+  at::Allocator* getPinnedMemoryAllocator() const override { return c10::GetCPUAllocator(); }
   void resizePrivateUse1Bytes(const c10::Storage& storage, size_t nbytes) const override {
     resize_storage(storage, nbytes);
   }

@@ -86,6 +86,13 @@ fn reset_metrics() {
     METRICS.reset();
 }
 
+/// Base names of the ATen operators the op table lowers (all overloads,
+/// in-place and out= forms of a name reach the same lowering).
+#[pyfunction]
+fn lowered_ops() -> Vec<&'static str> {
+    crate::lower::lowered_names()
+}
+
 #[pymodule]
 #[pyo3(name = "_C")]
 fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -98,5 +105,6 @@ fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(get_mode, m)?)?;
     m.add_function(wrap_pyfunction!(metrics, m)?)?;
     m.add_function(wrap_pyfunction!(reset_metrics, m)?)?;
+    m.add_function(wrap_pyfunction!(lowered_ops, m)?)?;
     Ok(())
 }

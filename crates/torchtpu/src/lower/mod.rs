@@ -79,6 +79,12 @@ fn table() -> impl Iterator<Item = &'static Entry> {
     .flatten()
 }
 
+/// Base names of the lowered ATen operators (no namespace, no trailing `_`),
+/// for the coverage report.
+pub fn lowered_names() -> Vec<&'static str> {
+    table().map(|e| e.name).filter(|n| !n.starts_with("torchtpu::")).collect()
+}
+
 pub struct ArgDef {
     pub name: String,
     pub ty: String,

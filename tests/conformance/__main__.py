@@ -1,0 +1,5 @@
+import sys
+
+from conformance.sweep import main
+
+sys.exit(main())

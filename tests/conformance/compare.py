@@ -1,0 +1,193 @@
+"""Comparison of an op on tpu with the same op on CPU, shared by
+tests/test_ops.py (lowered ops, every check) and the OpInfo conformance
+sweep (every op_db entry: values, shapes, dtypes and gradients).
+
+Samples come from PyTorch's OpInfo database: each sample is built on CPU,
+copied to tpu, and both copies run the op; results must agree (with the
+tolerances of `tolerance`) or both must raise the same exception.
+"""
+import random
+import re
+
+import torch
+from torch.testing._internal.common_device_type import precisionOverride, toleranceOverride
+from torch.testing._internal.common_methods_invocations import op_db
+from torch.testing._internal.opinfo.core import DecorateInfo
+from torch.utils._pytree import tree_leaves, tree_map
+
+from conftest import synced, to_cpu
+from conformance.exclusions import excluded_sample
+
+# The dtypes samples are built in: the two floating types every model uses,
+# and the integer and bool types (an op runs those among them CPU supports).
+DTYPES = [torch.float32, torch.bfloat16, torch.int64, torch.bool]
+
+BY_NAME = {op.name + (f".{op.variant_test_name}" if op.variant_test_name else ""): op for op in op_db}
+
+
+def opinfo(name):
+    return BY_NAME[name]
+
+
+# entry -> {dtype: assert_close tolerances} where CPU's accumulation order
+# cannot be reproduced; they win over OpInfo's own (`tolerance`).
+CONV_FLOAT32 = dict(atol=1e-4, rtol=3e-5)
+# CPU's bfloat16 transposed convolutions round partial sums to bfloat16;
+# tpu sums in float32 and rounds once (about half CPU's error against a
+# float32 reference). The two differ by under 1% of the output's largest
+# magnitude (up to ~900 in the samples).
+CONV_TRANSPOSE_BFLOAT16 = dict(atol=4.0, rtol=0.02)
+# CPU's bfloat16 batch norm saves an invstd one bfloat16 ulp off the
+# correctly rounded value in some samples (0.2236 for float32's 0.2242, where
+# tpu gives 0.2246); outputs then differ by up to 2^-7 relative.
+BATCH_NORM_BFLOAT16 = dict(atol=0.07, rtol=0.016)
+TOLERANCES = {
+    # Batched products of large-magnitude samples cancel in long sums.
+    "matmul": {torch.float32: dict(atol=1e-4, rtol=1.3e-6)},
+    # Gradients that sum products in another order: cancellation, as matmul.
+    **{name: {torch.float32: dict(atol=1e-4, rtol=1.3e-6)} for name in ("kron", "linalg.householder_product")},
+    # Fused programs let XLA evaluate x**(y-1) in the gradient as one fused
+    # exp/log: a few ulp off on values near 1e5; likewise asin's gradient
+    # 1/sqrt(1-x^2), ill-conditioned near |x| = 1.
+    "pow": {torch.float32: dict(atol=1e-5, rtol=5e-6)},
+    "asin": {torch.float32: dict(atol=1e-4, rtol=5e-6)},
+    # Convolutions of large-magnitude samples sum in another order than CPU's kernels.
+    **{f"nn.functional.conv{d}d": {torch.float32: CONV_FLOAT32} for d in (1, 2, 3)},
+    **{f"nn.functional.conv_transpose{d}d": {torch.float32: CONV_FLOAT32, torch.bfloat16: CONV_TRANSPOSE_BFLOAT16}
+       for d in (1, 2, 3)},
+    **{name: {torch.bfloat16: BATCH_NORM_BFLOAT16}
+       for name in ("nn.functional.batch_norm", "native_batch_norm", "_native_batch_norm_legit")},
+}
+
+
+def opinfo_tolerance(op, dtype):
+    """The loosest tolerance PyTorch's own OpInfo tests give `op` for `dtype`
+    (its `toleranceOverride`s and `precisionOverride`s, on all tests or on
+    TestCommon's, which holds test_compare_cpu), never below assert_close's
+    defaults; {} when there is none."""
+    overrides = []
+    for info in op.decorators:
+        if isinstance(info, DecorateInfo):
+            if info.cls_name in (None, "TestCommon"):
+                overrides += info.decorators
+        else:
+            overrides.append(info)
+    rtol, atol = torch.testing._comparison.default_tolerances(dtype)
+    found = False
+    for d in overrides:
+        if isinstance(d, (toleranceOverride, precisionOverride)) and dtype in d.d:
+            found = True
+            # precisionOverride gives an absolute tolerance alone.
+            t = d.d[dtype]
+            atol = max(atol, t.atol if isinstance(d, toleranceOverride) else t)
+            rtol = max(rtol, t.rtol if isinstance(d, toleranceOverride) else rtol)
+    return dict(atol=atol, rtol=rtol) if found else {}
+
+
+def tolerance(name, dtype):
+    """assert_close's tolerances for `name`'s results of `dtype` (None: no
+    tensor results)."""
+    if dtype is None:
+        return {}
+    if dtype in TOLERANCES.get(name, {}):
+        return TOLERANCES[name][dtype]
+    return opinfo_tolerance(opinfo(name), dtype)
+
+
+def samples(name, dtype, limit=None, requires_grad=False):
+    """The op's CPU samples but those exclusions.py leaves out; a fixed,
+    seeded subset of `limit` of them if given."""
+    op = opinfo(name)
+    found = [s for s in op.sample_inputs("cpu", dtype, requires_grad=requires_grad)
+             if not excluded_sample(name, s)]
+    if limit is not None and len(found) > limit:
+        found = random.Random(f"{op.name}.{op.variant_test_name}.{dtype}").sample(found, limit)
+    return found
+
+
+def copy_sample(sample, device):
+    """A copy of `sample` on `device` (factories' `device=` included); a
+    tensor used twice stays one tensor."""
+    memo = {}
+
+    def move(t):
+        if not isinstance(t, torch.Tensor):
+            return t
+        if id(t) not in memo:
+            memo[id(t)] = t.detach().to(device, copy=True).requires_grad_(t.requires_grad)
+        return memo[id(t)]
+
+    copy = sample.transform(move)
+    if "device" in copy.kwargs:
+        copy.kwargs["device"] = device
+    return copy
+
+
+def call(fn, sample, **extra):
+    return fn(sample.input, *sample.args, **sample.kwargs, **extra)
+
+
+def assert_close(name, actual, expected):
+    """Values, shapes and dtypes as on CPU."""
+    dtype = next((t.dtype for t in tree_leaves(expected) if isinstance(t, torch.Tensor)), None)
+    torch.testing.assert_close(to_cpu(actual), expected, equal_nan=True, **tolerance(name, dtype))
+
+
+def expect_same_error(error, fn, *args):
+    """fn(*args) raises `error`'s type with its message (first line)."""
+    first_line = str(error).split("\n")[0]
+    try:
+        synced(fn, *args)
+    except type(error) as e:
+        assert re.search(re.escape(first_line), str(e)), f"CPU raised {first_line!r}, tpu {str(e)!r}"
+        return
+    except Exception as e:
+        raise AssertionError(f"CPU raised {type(error).__name__}({first_line!r}), tpu {type(e).__name__}({e})")
+    raise AssertionError(f"CPU raised {type(error).__name__}({first_line!r}), tpu did not raise")
+
+
+def expect_same(name, fn, sample, on_tpu=call):
+    """Runs fn on the CPU sample and on its tpu copy (through `on_tpu`); they
+    must agree in results, or raise the same exception. Returns the (cpu,
+    tpu) samples as fn left them and the (cpu, tpu) results, or None when
+    both raised."""
+    cpu_sample, tpu_sample = copy_sample(sample, "cpu"), copy_sample(sample, "tpu")
+    try:
+        expected = call(fn, cpu_sample)
+    except Exception as e:
+        expect_same_error(e, call, fn, tpu_sample)
+        return None
+    actual = on_tpu(fn, tpu_sample)
+    assert_close(name, actual, expected)
+    return (cpu_sample, tpu_sample), (expected, actual)
+
+
+def grads(op, sample, result=None):
+    """Gradients of the op's outputs (`result` of calling it on `sample`, or
+    a fresh call) against fixed random cotangents, with respect to the
+    sample's tensors that require grad; None if there are none."""
+    inputs = [t for t in tree_leaves((sample.input, sample.args, sample.kwargs))
+              if isinstance(t, torch.Tensor) and t.requires_grad]
+    result = call(op, sample) if result is None else result
+    outputs = [t for t in tree_leaves(sample.output_process_fn_grad(result))
+               if isinstance(t, torch.Tensor) and t.requires_grad]
+    if not inputs or not outputs:
+        return None
+    gen = torch.Generator().manual_seed(0)
+    cotangents = [torch.randn(t.shape, generator=gen, dtype=t.dtype).to(t.device) for t in outputs]
+    found = torch.autograd.grad(outputs, inputs, cotangents, allow_unused=True)
+    return [torch.zeros_like(i) if g is None else g for g, i in zip(found, inputs)]
+
+
+def describe(sample):
+    return repr(tree_map(lambda t: (t.dtype, tuple(t.shape)) if isinstance(t, torch.Tensor) else t,
+                         (sample.input, sample.args, sample.kwargs)))
+
+
+def for_each_sample(name, samples_, check):
+    """Runs check(sample) on each sample, naming the sample on failure."""
+    for s in samples_:
+        try:
+            check(s)
+        except AssertionError as e:
+            raise AssertionError(f"{name} sample {describe(s)}: {e}") from None

@@ -1,0 +1,87 @@
+"""The op_db entries and samples the conformance sweep leaves out, each with
+its reason: ops whose results are undefined or random by definition (RNG
+ops are compared by distribution in test_random.py and test_nn.py), sparse
+layouts, entries for CUDA only, and samples tpu cannot represent. Nothing
+else is skipped: every other entry runs, lowered or through the CPU
+fallback, and failures are listed with their reasons in known_failures.py."""
+import math
+
+import torch
+from torch.utils._pytree import tree_leaves
+
+UNDEFINED = "uninitialized memory: results are undefined"
+RANDOM = "random numbers: compared by distribution (test_random.py, test_nn.py dropout tests)"
+SPARSE = "sparse layout: tpu tensors are strided"
+CUDA_ONLY = "CUDA-only kernel"
+
+EXCLUDED = {
+    "empty": UNDEFINED,
+    "empty_like": UNDEFINED,
+    "empty_strided": UNDEFINED,
+    "empty_permuted": UNDEFINED,
+    "new_empty": UNDEFINED,
+    "new_empty_strided": UNDEFINED,
+    "bernoulli": RANDOM,
+    "cauchy": RANDOM,
+    "exponential": RANDOM,
+    "geometric": RANDOM,
+    "log_normal": RANDOM,
+    "multinomial": RANDOM,
+    "normal": RANDOM,
+    "normal.in_place": RANDOM,
+    "normal.number_mean": RANDOM,
+    "uniform": RANDOM,
+    "rand_like": RANDOM,
+    "randn": RANDOM,
+    "randn_like": RANDOM,
+    "randint": RANDOM,
+    "randint_like": RANDOM,
+    "nn.functional.dropout": RANDOM,
+    "nn.functional.dropout2d": RANDOM,
+    "nn.functional.dropout3d": RANDOM,
+    "nn.functional.alpha_dropout": RANDOM,
+    "nn.functional.feature_alpha_dropout.with_train": RANDOM,
+    "nn.functional.rrelu": RANDOM + " (random slopes in training)",
+    "nn.functional.fractional_max_pool2d": RANDOM + " (random pooling regions)",
+    "nn.functional.fractional_max_pool3d": RANDOM + " (random pooling regions)",
+    "svd_lowrank": RANDOM + " (random projection)",
+    "pca_lowrank": RANDOM + " (random projection)",
+    "to_sparse": SPARSE,
+    "sparse.sampled_addmm": SPARSE,
+    "sparse.mm.reduce": SPARSE,
+    "jiterator_unary": CUDA_ONLY + " (jiterator)",
+    "jiterator_binary": CUDA_ONLY + " (jiterator)",
+    "jiterator_4inputs_with_extra_args": CUDA_ONLY + " (jiterator)",
+    "jiterator_binary_return_by_ref": CUDA_ONLY + " (jiterator)",
+    "jiterator_2inputs_2outputs": CUDA_ONLY + " (jiterator)",
+    "torch._scaled_mm": CUDA_ONLY + " (float8 matmul)",
+    "torch._scaled_mm_v2": CUDA_ONLY + " (float8 matmul)",
+    "torch.ops.aten._flash_attention_forward": CUDA_ONLY + " (flash attention)",
+    "torch.ops.aten._efficient_attention_forward": CUDA_ONLY + " (memory-efficient attention)",
+    "nn.functional.batch_norm.without_cudnn": CUDA_ONLY + " (the cuDNN switch)",
+}
+
+
+def has_complex(sample):
+    return any(isinstance(x, complex) or isinstance(x, torch.Tensor) and x.is_complex()
+               for x in tree_leaves((sample.input, sample.args, sample.kwargs)))
+
+
+# Samples left out: (entry or "*" for all) -> [(predicate, why)].
+SINGLE_ELEMENT_NORM = (lambda s: math.prod(s.args[0]) == 1,
+                       "normalizing one element: CPU's fused multiply-add leaves a rounding residue "
+                       "of x * rstd where the exact result, 0, is what tpu gives")
+EXCLUDED_SAMPLES = {
+    "*": [(has_complex, "complex inputs: tpu has no complex dtypes")],
+    "scatter": [(lambda s: s.kwargs.get("reduce") == "multiply",
+                 "reduce='multiply' (deprecated) needs a multiplying scatter in the IR")],
+    "nn.functional.scaled_dot_product_attention": [(lambda s: s.kwargs.get("dropout_p", 0) > 0, RANDOM + " (dropout)")],
+    "nn.functional.multi_head_attention_forward": [(lambda s: s.kwargs["training"] and s.args[9] > 0,
+                                                    RANDOM + " (dropout)")],
+    "nn.functional.layer_norm": [SINGLE_ELEMENT_NORM],
+    "native_layer_norm": [SINGLE_ELEMENT_NORM],
+}
+
+
+def excluded_sample(name, sample):
+    return any(pred(sample) for pred, _ in EXCLUDED_SAMPLES["*"] + EXCLUDED_SAMPLES.get(name, []))

@@ -1,0 +1,35 @@
+"""The CI part of the OpInfo conformance sweep (tests/conformance): every
+op_db entry but the excluded ones, on a fixed, seeded subset of
+CI_SAMPLES samples per entry and dtype, in the three modes, in worker
+processes (a crash or hang fails its entry, not the session). `make
+conformance` runs every sample.
+
+An entry fails if a mode or dtype fails that known_failures.py does not
+list; listed failures are expected failures (xfail) with their reason."""
+import os
+
+import pytest
+
+from conformance import sweep
+from conformance.known_failures import known_failure
+
+CI_SAMPLES = 2
+
+
+@pytest.fixture(scope="session")
+def subset(request):
+    """Sweeps the entries this session selected, once."""
+    chosen = sorted({item.callspec.params["entry"] for item in request.session.items
+                     if getattr(item, "originalname", None) == "test_conformance"})
+    jobs = int(os.environ.get("TORCHTPU_CONFORMANCE_JOBS", 0)) or None
+    return sweep.run(chosen, limit=CI_SAMPLES, jobs=jobs)
+
+
+@pytest.mark.parametrize("entry", sweep.entries())
+def test_conformance(entry, subset):
+    failed = [(mode, dtype, u) for e, mode, dtype, u in sweep.failures({entry: subset.get(entry, {})})]
+    unexpected = [f"{mode} {dtype}: {u['status']}: {u['message']}" for mode, dtype, u in failed
+                  if known_failure(entry, mode, dtype) is None]
+    assert not unexpected, "\n".join(unexpected)
+    if failed:
+        pytest.xfail("; ".join(sorted({known_failure(entry, mode, dtype) for mode, dtype, _ in failed})))
