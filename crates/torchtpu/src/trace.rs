@@ -45,6 +45,8 @@ pub enum Reason {
     /// The mode changes, or a strict/debug op needs a pending value.
     Mode,
     Resize,
+    /// An op whose result's shape depends on values (`nonzero`).
+    DataDependent,
 }
 
 impl Reason {
@@ -58,6 +60,7 @@ impl Reason {
             Reason::Device => "device_change",
             Reason::Mode => "mode_change",
             Reason::Resize => "resize",
+            Reason::DataDependent => "data_dependent",
         }
     }
 
@@ -71,6 +74,7 @@ impl Reason {
             Reason::Device,
             Reason::Mode,
             Reason::Resize,
+            Reason::DataDependent,
         ]
         .into_iter()
         .find(|r| r.name() == name)

@@ -149,7 +149,7 @@ pub fn write(g: &mut Graph, old: V, view: &View, src: V) -> V {
         return g.concatenate(&parts, 0);
     }
     let idx = linear_indices(g, view);
-    g.put(old, idx, src, 0, false)
+    g.put(old, idx, src, 0, None)
 }
 
 #[cfg(test)]
