@@ -46,7 +46,7 @@ def test_index_put_accumulates_duplicates(mode, seeded_without_fallbacks):
 
     def put_by_mask(x):
         y = x.clone()
-        y[y > 0] = torch.arange(int((x > 0).sum()), dtype=x.dtype)
+        y[y > 0] = torch.arange(int((x > 0).sum()), dtype=x.dtype, device=x.device)
         return y
 
     same(put_by_mask, x)

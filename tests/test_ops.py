@@ -42,7 +42,8 @@ OPS = [
     # shapes, indexing, factories
     "cat", "stack", "hstack", "vstack", "flip", "index_select", "index_add", "gather", "take_along_dim",
     "scatter", "scatter_add", "scatter_reduce.sum", "scatter_reduce.prod", "scatter_reduce.mean",
-    "scatter_reduce.amax", "scatter_reduce.amin", "__getitem__", "index_put", "nonzero", "argwhere",
+    "scatter_reduce.amax", "scatter_reduce.amin", "index_reduce.prod", "index_reduce.mean", "index_reduce.amax",
+    "index_reduce.amin", "index_fill", "__getitem__", "index_put", "nonzero", "argwhere",
     "masked_select", "masked_scatter", "fill", "zero_", "zeros", "ones", "full",
     "zeros_like", "ones_like", "full_like", "new_zeros", "new_ones", "new_full", "arange",
     "tril", "triu", "isposinf", "isneginf",
@@ -70,19 +71,32 @@ SINGLE_ELEMENT_NORM = (lambda s: math.prod(s.args[0]) == 1,
 # reproducible; tests/test_indexing.py checks such indices for consistency.
 UNSTABLE_TIES = (lambda s: not s.kwargs.get("stable") and s.input.numel() != s.input.unique().numel(),
                  "equal values: CPU's unstable sort orders their indices arbitrarily")
+
+
+def spectral_or_nuclear(s):
+    """A matrix norm sample whose ord needs singular values."""
+    ord_ = s.args[0] if s.args else s.kwargs.get("ord")
+    dim = s.args[1] if len(s.args) > 1 else s.kwargs.get("dim")
+    return (isinstance(ord_, str) and ord_ == "nuc" or ord_ in (2, -2)) and s.input.ndim >= 2 and not isinstance(dim, int)
+
+
 SKIPPED_SAMPLES = {
     **{name: UNSTABLE_TIES for name in ("sort", "argsort", "topk", "kthvalue", "median", "nanmedian")},
     "nonzero": (lambda s: s.kwargs.get("as_tuple"), "as_tuple=True returns a tuple, which out= cannot take"),
-    **{name: (lambda s: any(isinstance(a, str) and a == "nuc" for a in s.args), "the nuclear norm needs an SVD: LAPACK custom calls are not in PJRT plugins")
+    **{name: (spectral_or_nuclear, "nuclear and spectral matrix norms need an SVD: LAPACK custom calls are not in "
+                                   "PJRT plugins (docs/ARCHITECTURE.md)")
        for name in ("linalg.norm", "linalg.matrix_norm")},
+    **{f"index_reduce.{r}": (lambda s: s.input.dtype == torch.bool,
+                             "bool: CPU raises from one of three kernels depending on the sample, or returns "
+                             "early; tpu raises index_func_'s error")
+       for r in ("prod", "mean", "amax", "amin")},
     "nn.functional.layer_norm": SINGLE_ELEMENT_NORM,
     "native_layer_norm": SINGLE_ELEMENT_NORM,
 }
 
 # (entry, check) -> CPU fallbacks that check accepts: (op names, why).
 ALLOWED_FALLBACKS = {
-    ("masked_fill", "grad"): ({"aten::masked_select"}, "a tensor value's gradient has a data-dependent shape"),
-    ("prod", "grad"): ({"aten::nonzero"}, "the gradient of a full product looks for zeros (data-dependent shape)"),
+    ("index_fill", "grad"): ({"aten::_unique"}, "the gradient deduplicates the index with unique, not lowered yet"),
 }
 
 # Known bugs outside the lowerings, each failing at least one sample:

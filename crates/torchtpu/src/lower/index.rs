@@ -19,6 +19,8 @@ pub static ENTRIES: &[Entry] = &[
     op("scatter", |cx| scatter(cx, "scatter")),
     op("scatter_add", |cx| scatter(cx, "scatter_add")),
     op("scatter_reduce", scatter_reduce),
+    op("index_reduce", index_reduce),
+    op("index_fill", index_fill),
     op_measured("index", index, index_measure),
     op_measured("index_put", index_put, index_measure),
     op_measured("_index_put_impl", index_put, index_measure),
@@ -90,46 +92,8 @@ fn index_select(cx: &mut Cx) -> Result<Vec<V>> {
 
 /// `self` with `alpha * source` slices added at `index` along `dim`.
 fn index_add(cx: &mut Cx) -> Result<Vec<V>> {
-    let (t, it, st) = (cx.meta("self")?, cx.meta("index")?, cx.meta("source")?);
-    if it.sizes.len() > 1 {
-        return Err(Error::index(format!(
-            "index_add_(): Index is supposed to be a vector, but got dim: {} with type: {} and size: {:?}",
-            it.sizes.len(),
-            it.dtype.torch_name(),
-            it.sizes
-        )));
-    }
-    if !is_index_dtype(it.dtype) {
-        return Err(Error::runtime(format!(
-            "index_add_(): Expected dtype int32/int64 for index but got: {}",
-            it.dtype.torch_name()
-        )));
-    }
-    if t.dtype != st.dtype {
-        return Err(Error::runtime(format!(
-            "index_add_(): self ({}) and source ({}) must have the same scalar type",
-            t.dtype.torch_name(),
-            st.dtype.torch_name()
-        )));
-    }
-    let dim = wrap_dim(cx.int("dim")?, t.sizes.len())?;
-    // 0-dim tensors act as vectors of one element.
-    let (sizes, ssizes) = (as_vector(&t), as_vector(&st));
-    let mut expected = sizes.clone();
-    expected[dim] = ssizes.get(dim).copied().unwrap_or(1);
-    if ssizes != expected {
-        return Err(Error::runtime(format!(
-            "source tensor shape must match self tensor shape, excluding the specified dimension. Got self.shape = {:?} source.shape = {:?}",
-            t.sizes, st.sizes
-        )));
-    }
-    if ssizes[dim] != it.numel() {
-        return Err(Error::index(format!(
-            "index_add_(): Number of indices ({}) should be equal to source.size(dim): ({}), for dim: {dim}",
-            it.numel(),
-            ssizes[dim]
-        )));
-    }
+    let (dim, sizes, ssizes) = index_source(cx, "index_add_", Kind::Index)?;
+    let (t, it) = (cx.meta("self")?, cx.meta("index")?);
     let ct = opmath(t.dtype);
     let x = cx.tensor("self")?;
     let x = cx.g.reshape(x, &sizes);
@@ -144,6 +108,120 @@ fn index_add(cx: &mut Cx) -> Result<Vec<V>> {
     let src = cx.g.convert(src, t.dtype);
     let r = cx.g.put(x, idx, src, dim, Some(ReduceKind::Sum));
     Ok(vec![cx.g.reshape(r, t.sizes)])
+}
+
+/// `self` with the slices at `index` along `dim` set to `value`.
+fn index_fill(cx: &mut Cx) -> Result<Vec<V>> {
+    let (t, it) = (cx.meta("self")?, cx.meta("index")?);
+    if it.sizes.len() > 1 {
+        return Err(Error::runtime("Index has to be a vector/scalar"));
+    }
+    if it.dtype != DType::I64 {
+        return Err(Error::index("index_fill_(): Expected dtype int64 for index."));
+    }
+    if let Ok(v) = cx.meta("value") {
+        if !v.sizes.is_empty() {
+            return Err(Error::runtime(format!(
+                "index_fill_ only supports a 0-dimensional value tensor, but got tensor with {} dimension(s).",
+                v.sizes.len()
+            )));
+        }
+    }
+    let dim = wrap_dim(cx.int("dim")?, t.sizes.len())?;
+    let sizes = as_vector(&t);
+    let x = cx.tensor("self")?;
+    let x = cx.g.reshape(x, &sizes);
+    let idx = cx.tensor("index")?;
+    let idx = cx.g.reshape(idx, &[it.numel()]);
+    let idx = checked_indices(cx, idx, sizes[dim], true, Kind::Index, out_of_bounds(dim, sizes[dim]));
+    let mut shape = sizes.clone();
+    shape[dim] = it.numel();
+    let value = cx.scalar_like("value", t.dtype, &shape)?.expect("value");
+    let r = cx.g.put(x, idx, value, dim, None);
+    Ok(vec![cx.g.reshape(r, t.sizes)])
+}
+
+/// `index_reduce`: prod, mean, amax or amin of the source slices each
+/// index receives along `dim`, with self's (include_self) or not.
+fn index_reduce(cx: &mut Cx) -> Result<Vec<V>> {
+    let reduce = cx.str("reduce")?;
+    let kind = match reduce {
+        "prod" => ReduceKind::Prod,
+        "mean" => ReduceKind::Sum,
+        "amax" => ReduceKind::Max,
+        "amin" => ReduceKind::Min,
+        _ => {
+            return Err(Error::runtime(format!(
+                "index_reduce(): Expected reduce to be one of prod, mean, amax or amin but got {reduce}."
+            )))
+        }
+    };
+    let (dim, sizes, ssizes) = index_source(cx, "index_reduce_", Kind::Runtime)?;
+    let (t, it) = (cx.meta("self")?, cx.meta("index")?);
+    let include_self = cx.bool("include_self")?;
+    if t.dtype == DType::Bool {
+        let kernel = if include_self { "index_func_" } else { "index_reduce_func_exclude_input_init" };
+        return Err(not_implemented(kernel, t.dtype));
+    }
+    let x = cx.tensor("self")?;
+    let x = cx.g.reshape(x, &sizes);
+    let idx = cx.tensor("index")?;
+    let idx = cx.g.reshape(idx, &[it.numel()]);
+    let idx = checked_indices(cx, idx, sizes[dim], false, Kind::Index, "index out of range in self".into());
+    let src = cx.tensor("source")?;
+    let src = cx.g.reshape(src, &ssizes);
+    let how = Reduction { kind, include_self, mean: reduce == "mean" };
+    let r = reduce_into(cx, x, idx, src, dim, how);
+    Ok(vec![cx.g.reshape(r, t.sizes)])
+}
+
+/// The checks index_add and index_reduce (`what`) share; CPU raises a
+/// count mismatch as `count_kind`. Returns dim and the sizes of self and
+/// source (0-dim tensors act as vectors of one element).
+fn index_source(cx: &Cx, what: &str, count_kind: Kind) -> Result<(usize, Vec<i64>, Vec<i64>)> {
+    let (t, it, st) = (cx.meta("self")?, cx.meta("index")?, cx.meta("source")?);
+    if it.sizes.len() > 1 {
+        return Err(Error::index(format!(
+            "{what}(): Index is supposed to be a vector, but got dim: {} with type: {} and size: {:?}",
+            it.sizes.len(),
+            it.dtype.torch_name(),
+            it.sizes
+        )));
+    }
+    if !is_index_dtype(it.dtype) {
+        return Err(Error::runtime(format!(
+            "{what}(): Expected dtype int32/int64 for index but got: {}",
+            it.dtype.torch_name()
+        )));
+    }
+    if t.dtype != st.dtype {
+        return Err(Error::runtime(format!(
+            "{what}(): self ({}) and source ({}) must have the same scalar type",
+            t.dtype.torch_name(),
+            st.dtype.torch_name()
+        )));
+    }
+    let dim = wrap_dim(cx.int("dim")?, t.sizes.len())?;
+    let (sizes, ssizes) = (as_vector(&t), as_vector(&st));
+    let mut expected = sizes.clone();
+    expected[dim] = ssizes.get(dim).copied().unwrap_or(1);
+    if ssizes != expected {
+        return Err(Error::runtime(format!(
+            "source tensor shape must match self tensor shape, excluding the specified dimension. Got self.shape = {:?} source.shape = {:?}",
+            t.sizes, st.sizes
+        )));
+    }
+    if ssizes[dim] != it.numel() {
+        return Err(Error {
+            kind: count_kind,
+            message: format!(
+                "{what}(): Number of indices ({}) should be equal to source.size(dim): ({}), for dim: {dim}",
+                it.numel(),
+                ssizes[dim]
+            ),
+        });
+    }
+    Ok((dim, sizes, ssizes))
 }
 
 /// A tensor's sizes with 0-dim tensors read as one element vectors.
@@ -269,31 +347,41 @@ fn scatter_reduce(cx: &mut Cx) -> Result<Vec<V>> {
     let Some((pos, updates)) = scatter_operands(cx, "scatter_reduce")? else { return Ok(vec![x]) };
     let t = cx.meta("self")?;
     let x = cx.g.reshape(x, &[t.numel()]);
-    let include_self = cx.bool("include_self")?;
-    let r = reduce_into(cx, x, pos, updates, kind, include_self, reduce == "mean");
+    let how = Reduction { kind, include_self: cx.bool("include_self")?, mean: reduce == "mean" };
+    let r = reduce_into(cx, x, pos, updates, 0, how);
     Ok(vec![cx.g.reshape(r, t.sizes)])
 }
 
-/// `x` (flat) with `updates` combined into positions `pos` by `kind`;
+/// How scatter_reduce and index_reduce combine values.
+#[derive(Clone, Copy)]
+struct Reduction {
+    kind: ReduceKind,
+    include_self: bool,
+    /// Sums become means.
+    mean: bool,
+}
+
+/// `x` with `updates` combined into positions `pos` along `axis` by `kind`;
 /// without `include_self` a position's old value takes no part (positions
 /// nothing reaches keep it). `mean` divides sums by their counts (flooring
 /// integers, as CPU).
-fn reduce_into(cx: &mut Cx, x: V, pos: V, updates: V, kind: ReduceKind, include_self: bool, mean: bool) -> V {
+fn reduce_into(cx: &mut Cx, x: V, pos: V, updates: V, axis: usize, how: Reduction) -> V {
+    let Reduction { kind, include_self, mean } = how;
     let (xt, ut) = (cx.g.ty(x).clone(), cx.g.ty(updates).clone());
     let base = if include_self {
         x
     } else {
         let fill = cx.g.identity(kind, xt.dtype, &ut.shape);
-        cx.g.put(x, pos, fill, 0, None)
+        cx.g.put(x, pos, fill, axis, None)
     };
-    let r = cx.g.put(base, pos, updates, 0, Some(kind));
+    let r = cx.g.put(base, pos, updates, axis, Some(kind));
     if !mean {
         return r;
     }
     let ct = opmath(xt.dtype);
     let start = cx.g.full(include_self as i64 as f64, ct, &xt.shape);
     let ones = cx.g.full(1.0, ct, &ut.shape);
-    let count = cx.g.put(start, pos, ones, 0, Some(ReduceKind::Sum));
+    let count = cx.g.put(start, pos, ones, axis, Some(ReduceKind::Sum));
     let zero = cx.g.full(0.0, ct, &xt.shape);
     let none = cx.g.compare("EQ", count, zero);
     let one = cx.g.full(1.0, ct, &xt.shape);
