@@ -221,9 +221,8 @@ fn dot(cx: &mut Cx) -> Result<Vec<V>> {
 // LAPACK custom calls that live in jaxlib, not in PJRT plugins: those
 // operators stay CPU fallbacks (docs/ARCHITECTURE.md).
 
-/// `what`'s checks of a batch of square float32/float64 matrices (CPU's
-/// `kernel` has no lower precisions).
-fn check_square(t: &Tensor, what: &str, name: &str, kernel: &str) -> Result<()> {
+/// `what`'s checks of a batch of square floating-point matrices.
+fn check_square(t: &Tensor, what: &str, name: &str) -> Result<()> {
     let r = t.sizes.len();
     ensure!(r >= 2, "{what}: The input tensor {name} must have at least 2 dimensions.");
     ensure!(
@@ -237,8 +236,12 @@ fn check_square(t: &Tensor, what: &str, name: &str, kernel: &str) -> Result<()> 
         "{what}: Expected a floating point or complex tensor as input. Got {}",
         t.dtype.torch_name()
     );
-    // CPU returns empty inputs before dispatching on the dtype.
-    if !matches!(t.dtype, DType::F32 | DType::F64) && t.numel() > 0 {
+    Ok(())
+}
+
+/// CPU's LAPACK `kernel` has float32 and float64 only.
+fn lapack_dtype(t: &Tensor, kernel: &str) -> Result<()> {
+    if !matches!(t.dtype, DType::F32 | DType::F64) {
         return Err(not_implemented(kernel, t.dtype));
     }
     Ok(())
@@ -248,12 +251,14 @@ fn check_square(t: &Tensor, what: &str, name: &str, kernel: &str) -> Result<()> 
 /// leading minor that is not positive-definite (0 when none is).
 fn cholesky(cx: &mut Cx) -> Result<Vec<V>> {
     let t = cx.meta("self")?;
-    check_square(&t, "linalg.cholesky", "A", "cholesky_cpu")?;
+    check_square(&t, "linalg.cholesky", "A")?;
     let upper = cx.bool("upper")?;
     let r = t.sizes.len();
+    // CPU returns empty inputs before dispatching on the dtype.
     if t.numel() == 0 {
         return Ok(vec![cx.g.full(0.0, t.dtype, t.sizes), cx.g.full(0.0, DType::I32, &t.sizes[..r - 2])]);
     }
+    lapack_dtype(&t, "cholesky_cpu")?;
     let x = cx.tensor("self")?;
     let f = cx.g.cholesky(x, !upper);
     // StableHLO leaves the other triangle unspecified.
@@ -316,7 +321,8 @@ fn check_system(a: &Tensor, b: &Tensor, what: &str) -> Result<()> {
         a.dtype.torch_name(),
         b.dtype.torch_name()
     );
-    check_square(a, what, "A", "triangular_solve_cpu")
+    check_square(a, what, "A")?;
+    lapack_dtype(a, "triangular_solve_cpu")
 }
 
 fn solve_triangular(cx: &mut Cx) -> Result<Vec<V>> {
