@@ -601,7 +601,10 @@ fn index_measure(cx: &mut Cx) -> Result<Vec<V>> {
         .iter()
         .zip(values)
         .filter(|(it, _)| it.as_ref().is_some_and(is_mask))
-        .map(|(_, v)| count_true(cx, v.expect("defined")))
+        .map(|(_, v)| {
+            let mask = cx.g.convert(v.expect("defined"), DType::Bool);
+            count_true(cx, mask)
+        })
         .collect();
     Ok(sizes_vector(cx, &counts))
 }
@@ -611,7 +614,7 @@ fn index_measure(cx: &mut Cx) -> Result<Vec<V>> {
 fn advanced(cx: &mut Cx, t: &Tensor) -> Result<Advanced> {
     let list = index_list(cx, t)?;
     let values = cx.index_tensors("indices")?;
-    let (mut dims, mut indices, mut checked) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut dims, mut indices, mut in_range) = (Vec::new(), Vec::new(), Vec::new());
     let (mut dim, mut masks) = (0, 0);
     for (it, v) in list.iter().zip(values) {
         match (it, v) {
@@ -623,14 +626,14 @@ fn advanced(cx: &mut Cx, t: &Tensor) -> Result<Advanced> {
                 for c in coordinates(cx, pos, it.sizes) {
                     dims.push(dim);
                     indices.push(c);
-                    checked.push(true);
+                    in_range.push(true);
                     dim += 1;
                 }
             }
             (Some(_), Some(v)) => {
                 dims.push(dim);
                 indices.push(v);
-                checked.push(false);
+                in_range.push(false);
                 dim += 1;
             }
             _ => dim += 1,
@@ -647,7 +650,7 @@ fn advanced(cx: &mut Cx, t: &Tensor) -> Result<Advanced> {
     })?;
     for (i, v) in indices.iter_mut().enumerate() {
         let size = t.sizes[dims[i]];
-        if !checked[i] {
+        if !in_range[i] {
             let message = format!("index {{}} is out of bounds for dimension {i} with size {size}");
             *v = checked_indices(cx, *v, size, true, Kind::Index, message);
         }

@@ -1,6 +1,7 @@
 //! Sorting and order statistics. Everything is one stable `sort` of the
-//! values with their positions; NaN sorts above every number, as on CPU,
-//! and equal values keep their order, which gives CPU's indices.
+//! values with their positions; NaN sorts above every number, as on CPU.
+//! Equal values keep their order: CPU's indices where CPU sorts stably
+//! (`stable=True`); its unstable sort orders them arbitrarily.
 use super::elementwise::not_implemented;
 use super::index::as_vector;
 use super::{op, wrap_dim, Cx, Entry};
