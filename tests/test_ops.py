@@ -42,9 +42,17 @@ OPS = [
     "mm", "bmm", "addmm", "addmm.decomposed", "baddbmm", "matmul", "mv", "dot", "addmv",
     # shapes, indexing, factories
     "cat", "stack", "hstack", "vstack", "flip", "index_select", "index_add", "gather", "take_along_dim",
-    "scatter", "scatter_add", "fill", "zero_", "zeros", "ones", "full",
+    "scatter", "scatter_add", "scatter_reduce.sum", "scatter_reduce.prod", "scatter_reduce.mean",
+    "scatter_reduce.amax", "scatter_reduce.amin", "index_reduce.prod", "index_reduce.mean", "index_reduce.amax",
+    "index_reduce.amin", "index_fill", "__getitem__", "index_put", "nonzero", "argwhere",
+    "masked_select", "masked_scatter", "fill", "zero_", "zeros", "ones", "full",
     "zeros_like", "ones_like", "full_like", "new_zeros", "new_ones", "new_full", "arange",
     "tril", "triu", "isposinf", "isneginf",
+    # sorting and order statistics
+    "sort", "argsort", "msort", "topk", "kthvalue", "median", "nanmedian", "cummax", "cummin", "logcumsumexp",
+    # linear algebra
+    "einsum", "linalg.norm", "linalg.matrix_norm", "norm", "norm.fro", "linalg.cholesky", "linalg.cholesky_ex",
+    "linalg.solve_triangular", "triangular_solve", "cholesky_solve", "cholesky_inverse",
     # convolutions and norms
     "nn.functional.conv1d", "nn.functional.conv2d", "nn.functional.conv3d",
     "nn.functional.conv_transpose1d", "nn.functional.conv_transpose2d", "nn.functional.conv_transpose3d",
@@ -54,8 +62,7 @@ OPS = [
 
 # (entry, check) -> CPU fallbacks that check accepts: (op names, why).
 ALLOWED_FALLBACKS = {
-    ("masked_fill", "grad"): ({"aten::masked_select"}, "a tensor value's gradient has a data-dependent shape"),
-    ("prod", "grad"): ({"aten::nonzero"}, "the gradient of a full product looks for zeros (data-dependent shape)"),
+    ("index_fill", "grad"): ({"aten::_unique"}, "the gradient deduplicates the index with unique, not lowered yet"),
 }
 
 # Known bugs outside the lowerings, each failing at least one sample:
@@ -64,6 +71,8 @@ ALLOWED_FALLBACKS = {
 KNOWN_GAPS = {
     ("gather", "errors"): "adapter: out= aliasing self gets the broadcast-shape error; CPU's gather raises its overlap error first",
     ("cat", "errors"): "adapter: cat(out=) must reject an out tensor that is one of the inputs",
+    ("masked_select", "errors"): "adapter: out= aliasing an input gets the broadcast-shape error; CPU raises its overlap error first",
+    ("kthvalue", "errors"): "adapter: out= aliasing an input gets the broadcast-shape error; CPU raises its overlap error first",
 }
 
 # Debug mode runs this many samples per (op, dtype).

@@ -51,6 +51,11 @@ TOLERANCES = {
     # 1/sqrt(1-x^2), ill-conditioned near |x| = 1.
     "pow": {torch.float32: dict(atol=1e-5, rtol=5e-6)},
     "asin": {torch.float32: dict(atol=1e-4, rtol=5e-6)},
+    # XLA's blocked triangular solve sums in another order than LAPACK's trsm.
+    "triangular_solve": {torch.float32: dict(atol=1e-4, rtol=2e-6)},
+    # The gradient's formula cancels nearly equal exponential sums: CPU's
+    # float32 result is itself ~1e-3 off a float64 computation there.
+    "logcumsumexp": {torch.float32: dict(atol=1e-2, rtol=5e-3)},
     # Convolutions of large-magnitude samples sum in another order than CPU's kernels.
     **{f"nn.functional.conv{d}d": {torch.float32: CONV_FLOAT32} for d in (1, 2, 3)},
     **{f"nn.functional.conv_transpose{d}d": {torch.float32: CONV_FLOAT32, torch.bfloat16: CONV_TRANSPOSE_BFLOAT16}

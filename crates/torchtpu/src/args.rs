@@ -69,6 +69,38 @@ impl<'a> Tensor<'a> {
     }
 }
 
+impl Tensor<'_> {
+    /// The view's elements on the host in row-major order (CPU tensors,
+    /// whose `host` points at the view's first element).
+    pub fn host_elements(&self) -> Vec<u8> {
+        let size = self.dtype.size();
+        let mut out = Vec::with_capacity(self.numel() as usize * size);
+        if self.numel() == 0 {
+            return out;
+        }
+        let mut at = vec![0i64; self.sizes.len()];
+        loop {
+            let offset: i64 = at.iter().zip(self.strides).map(|(i, s)| i * s).sum();
+            // SAFETY: the element lies within the CPU tensor, which outlives the call.
+            out.extend_from_slice(unsafe {
+                std::slice::from_raw_parts(self.host.offset(offset as isize * size as isize), size)
+            });
+            let mut d = self.sizes.len();
+            loop {
+                if d == 0 {
+                    return out;
+                }
+                d -= 1;
+                at[d] += 1;
+                if at[d] < self.sizes[d] {
+                    break;
+                }
+                at[d] = 0;
+            }
+        }
+    }
+}
+
 #[derive(Clone)]
 pub enum Arg<'a> {
     None,

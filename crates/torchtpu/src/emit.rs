@@ -50,7 +50,7 @@ fn compare_type(dtype: DType) -> &'static str {
 }
 
 /// Init value of a reduction, as f64 (floats) or integer bits.
-fn reduce_init(kind: ReduceKind, dtype: DType) -> i64 {
+pub fn reduce_init(kind: ReduceKind, dtype: DType) -> i64 {
     let float = |x: f64| x.to_bits() as i64;
     let (lo, hi) = match dtype {
         DType::Bool => (0, 1),
@@ -94,6 +94,18 @@ fn reduce_op(kind: ReduceKind) -> &'static str {
     }
 }
 
+/// A comparison line inside a region: `%{name}{v} = compare(%{a}{v}, %{b}{v})`.
+fn region_compare(v: V, name: &str, dir: &str, a: &str, b: &str, ty: &str, ct: &str) -> String {
+    format!(
+        "      %{name}{v} = \"stablehlo.compare\"(%{a}{v}, %{b}{v}) {{comparison_direction = #stablehlo<comparison_direction {dir}>, compare_type = #stablehlo<comparison_type {ct}>}} : ({ty}, {ty}) -> tensor<i1>\n"
+    )
+}
+
+/// A boolean `and`/`or` line inside a region.
+fn region_bool(v: V, name: &str, op: &str, a: &str, b: &str) -> String {
+    format!("      %{name}{v} = \"stablehlo.{op}\"(%{a}{v}, %{b}{v}) : (tensor<i1>, tensor<i1>) -> tensor<i1>\n")
+}
+
 struct Emitter<'g> {
     g: &'g Graph,
     out: String,
@@ -104,6 +116,7 @@ impl Emitter<'_> {
         match &self.g.nodes[v].op {
             Op::Param(n) => format!("%arg{n}"),
             Op::ArgReduce { .. } | Op::RngBits => format!("%v{v}#1"),
+            Op::Sort { result, .. } => format!("%v{v}#{result}"),
             _ => format!("%v{v}"),
         }
     }
@@ -241,7 +254,16 @@ impl Emitter<'_> {
                 self.line(v, "stablehlo.convolution", &attrs)
             }
             Op::Take { axis } => self.take(v, *axis),
-            Op::Put { axis, accumulate } => self.put(v, *axis, *accumulate),
+            Op::Put { axis, combine } => self.put(v, *axis, *combine),
+            Op::Sort { dim, descending, .. } => self.sort(v, *dim, *descending),
+            Op::Cholesky { lower } => self.line(v, "stablehlo.cholesky", &format!("lower = {lower}")),
+            Op::TriangularSolve { left, lower, unit_diagonal, transpose } => {
+                let t = if *transpose { "TRANSPOSE" } else { "NO_TRANSPOSE" };
+                let attrs = format!(
+                    "left_side = {left}, lower = {lower}, unit_diagonal = {unit_diagonal}, transpose_a = #stablehlo<transpose {t}>"
+                );
+                self.line(v, "stablehlo.triangular_solve", &attrs)
+            }
             Op::RngBits => {
                 let key = self.name(node.args[0]);
                 let kt = self.ty(node.args[0]);
@@ -287,16 +309,9 @@ impl Emitter<'_> {
         self.constant(&format!("%iv{v}"), reduce_init(kind, dt), &Ty::new(dt, &[]));
         self.constant(&format!("%ii{v}"), 0, &Ty::new(DType::I64, &[]));
         let (better, ct) = (if max { "GT" } else { "LT" }, compare_type(dt));
-        let cmp = |name: &str, dir: &str, a: &str, b: &str, ty: &str, ct: &str| {
-            format!(
-                "      %{name}{v} = \"stablehlo.compare\"(%{a}{v}, %{b}{v}) {{comparison_direction = #stablehlo<comparison_direction {dir}>, compare_type = #stablehlo<comparison_type {ct}>}} : ({ty}, {ty}) -> tensor<i1>\n"
-            )
-        };
-        let bool2 = |name: &str, op: &str, a: &str, b: &str| {
-            format!(
-                "      %{name}{v} = \"stablehlo.{op}\"(%{a}{v}, %{b}{v}) : (tensor<i1>, tensor<i1>) -> tensor<i1>\n"
-            )
-        };
+        let cmp =
+            |name: &str, dir: &str, a: &str, b: &str, ty: &str, ct: &str| region_compare(v, name, dir, a, b, ty, ct);
+        let bool2 = |name: &str, op: &str, a: &str, b: &str| region_bool(v, name, op, a, b);
         let mut body = String::new();
         body += &cmp("gt", better, "av", "bv", &s, ct);
         body += &cmp("an", "NE", "av", "av", &s, ct);
@@ -349,13 +364,56 @@ impl Emitter<'_> {
         self.line(v, "stablehlo.gather", &attrs)
     }
 
-    fn put(&mut self, v: V, axis: i64, accumulate: bool) {
+    /// A sort whose comparator orders by the first operand: `<` (or `>`),
+    /// with NaN above every number.
+    fn sort(&mut self, v: V, dim: i64, descending: bool) {
+        let node = &self.g.nodes[v];
+        let first = self.g.ty(node.args[0]).dtype;
+        let (s, ct) = (scalar(first), compare_type(first));
+        let cmp = |name: &str, dir: &str, a: &str, b: &str| region_compare(v, name, dir, a, b, &s, ct);
+        let bool2 = |name: &str, op: &str, a: &str, b: &str| region_bool(v, name, op, a, b);
+        let mut body = cmp("c", if descending { "GT" } else { "LT" }, "p0_", "q0_");
+        let mut result = "c";
+        if first.is_float() {
+            // Ascending: a < b or (b is NaN and a is not); descending: a > b or (a is NaN and b is not).
+            body += &cmp("pn", "NE", "p0_", "p0_");
+            body += &cmp("qn", "NE", "q0_", "q0_");
+            let (nan, number) = if descending { ("pn", "qn") } else { ("qn", "pn") };
+            body += &format!("      %nn{v} = \"stablehlo.not\"(%{number}{v}) : (tensor<i1>) -> tensor<i1>\n");
+            body += &bool2("un", "and", nan, "nn");
+            body += &bool2("r", "or", "c", "un");
+            result = "r";
+        }
+        body += &format!("      \"stablehlo.return\"(%{result}{v}) : (tensor<i1>) -> ()\n");
+        let block: Vec<String> = node
+            .args
+            .iter()
+            .enumerate()
+            .map(|(i, &a)| {
+                let s = scalar(self.g.ty(a).dtype);
+                format!("%p{i}_{v}: {s}, %q{i}_{v}: {s}")
+            })
+            .collect();
+        let args: Vec<String> = node.args.iter().map(|&a| self.name(a)).collect();
+        let types: Vec<String> = node.args.iter().map(|&a| self.ty(a)).collect();
+        let _ = writeln!(
+            self.out,
+            "    %v{v}:{} = \"stablehlo.sort\"({}) ({{\n    ^bb0({}):\n{body}    }}) {{dimension = {dim} : i64, is_stable = true}} : ({}) -> ({})",
+            args.len(),
+            args.join(", "),
+            block.join(", "),
+            types.join(", "),
+            types.join(", ")
+        );
+    }
+
+    fn put(&mut self, v: V, axis: i64, combine: Option<ReduceKind>) {
         let node = &self.g.nodes[v];
         let (a, idx) = (self.g.ty(node.args[0]).clone(), self.g.ty(node.args[1]).clone());
         let window = Self::windows(a.rank(), axis, idx.rank());
         let args: Vec<String> = node.args.iter().map(|&x| self.name(x)).collect();
         let types: Vec<String> = node.args.iter().map(|&x| self.ty(x)).collect();
-        let region = self.binary_region(v, accumulate.then_some("stablehlo.add"), a.dtype);
+        let region = self.binary_region(v, combine.map(reduce_op), a.dtype);
         let _ = writeln!(
             self.out,
             "    %v{v} = \"stablehlo.scatter\"({}) {region} {{scatter_dimension_numbers = #stablehlo.scatter<update_window_dims = [{}], inserted_window_dims = [{axis}], scatter_dims_to_operand_dims = [{axis}], index_vector_dim = {}>, indices_are_sorted = false, unique_indices = false}} : ({}) -> {}",

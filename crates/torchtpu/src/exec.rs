@@ -204,9 +204,9 @@ fn signature(op: &OpDef, args: &[Arg]) -> Key {
     key
 }
 
-fn build(op: &OpDef, args: &[Arg], device: usize) -> Result<Plan> {
-    let mut cx = Cx::new(op, args, device);
-    let results = (op.entry.lower)(&mut cx)?;
+fn build(op: &OpDef, lower: lower::Lowering, args: &[Arg], device: usize, sizes: Vec<i64>) -> Result<Plan> {
+    let mut cx = Cx::new(op, args, device, sizes);
+    let results = lower(&mut cx)?;
     let undefined = (0..results.len()).filter(|&i| results[i] == lower::UNDEFINED).collect();
     let outputs: Vec<_> = results.into_iter().filter(|&v| v != lower::UNDEFINED).collect();
     let mut g = std::mem::take(&mut cx.g);
@@ -245,15 +245,45 @@ fn build(op: &OpDef, args: &[Arg], device: usize) -> Result<Plan> {
 }
 
 pub fn plan(op: &OpDef, args: &[Arg], device: usize) -> Result<Arc<Plan>> {
-    let key = signature(op, args);
+    cached(op, op.entry.lower, args, device, Vec::new(), &[])
+}
+
+/// The plan of `lower` for this call, built once per signature (extended
+/// by `tag`: the measured sizes, or a mark for the measuring lowering).
+fn cached(
+    op: &OpDef,
+    lower: lower::Lowering,
+    args: &[Arg],
+    device: usize,
+    sizes: Vec<i64>,
+    tag: &[u64],
+) -> Result<Arc<Plan>> {
+    let mut key = signature(op, args);
+    key.extend(tag);
+    key.extend(sizes.iter().map(|&s| s as u64));
     if let Some(p) = PLANS.read().unwrap().get(&key) {
         bump(&METRICS.plan_hits);
         return Ok(p.clone());
     }
     bump(&METRICS.plan_misses);
-    let p = Arc::new(build(op, args, device)?);
+    let p = Arc::new(build(op, lower, args, device, sizes)?);
     PLANS.write().unwrap().insert(key, p.clone());
     Ok(p)
+}
+
+/// The sizes an operator with data-dependent result shapes needs, computed
+/// now on the device and read (fused mode flushes its trace first).
+fn measure(op: &OpDef, measure: lower::Lowering, args: &[Arg], device: usize) -> Result<Vec<i64>> {
+    let plan = cached(op, measure, args, device, Vec::new(), &[u64::MAX - 3])?;
+    if plan.outputs.is_empty() {
+        return Ok(Vec::new());
+    }
+    trace::flush(Reason::DataDependent)?;
+    let out = execute(&plan, &op.name, args, device)?.remove(0);
+    let mut bytes = vec![0u8; out.ty.numel() as usize * 8];
+    out.buf.to_host(&mut bytes)?;
+    bump(&METRICS.transfers_to_host);
+    Ok(bytes.chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().unwrap())).collect())
 }
 
 // ------------------------------------------------------------------ inputs
@@ -318,7 +348,11 @@ pub fn input(input: &Input, args: &[Arg], device: usize) -> Result<Arc<DeviceBuf
         }
         Input::Host { arg, item } => {
             let t = tensor_at(args, arg, item)?;
-            upload_scalar(t.host_bytes(), t.dtype, device)
+            if t.sizes.is_empty() {
+                upload_scalar(t.host_bytes(), t.dtype, device)
+            } else {
+                upload(&t.host_elements(), t.ty(), device)
+            }
         }
         Input::Scalar { arg, dtype } => {
             let bytes = match (&args[arg], dtype) {
@@ -486,7 +520,13 @@ fn apply(plan: &Arc<Plan>, what: &str, args: &[Arg], device: usize) -> Result<Ve
 /// results' types (None for undefined ones).
 pub fn run_op(op: &OpDef, args: &[Arg]) -> Result<Vec<Option<(Arc<Storage>, Ty)>>> {
     let device = device_of(op, args)?;
-    let plan = plan(op, args, device)?;
+    let plan = match op.entry.measure {
+        None => plan(op, args, device)?,
+        Some(m) => {
+            let sizes = measure(op, m, args, device)?;
+            cached(op, op.entry.lower, args, device, sizes, &[])?
+        }
+    };
     let outs = apply(&plan, &op.name, args, device)?;
     let mut results: Vec<_> = outs
         .into_iter()

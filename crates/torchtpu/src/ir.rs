@@ -116,11 +116,31 @@ pub enum Op {
     Take {
         axis: i64,
     },
-    /// Adds (or writes) `updates` into `operand` at `indices` along `axis`;
-    /// indices has the updates' leading dimensions' shape.
+    /// Combines (or, with None, overwrites) `updates` into `operand` at
+    /// `indices` along `axis`; indices has the updates' leading dimensions'
+    /// shape.
     Put {
         axis: i64,
-        accumulate: bool,
+        combine: Option<ReduceKind>,
+    },
+    /// Sorts all operands (same shape) along `dim` by the first, stably;
+    /// the node is sorted operand `result`. Floats order NaN above
+    /// everything, as PyTorch does.
+    Sort {
+        dim: i64,
+        descending: bool,
+        result: usize,
+    },
+    /// The lower (or upper) Cholesky factor of each trailing matrix.
+    Cholesky {
+        lower: bool,
+    },
+    /// Solves `op(a) x = b` (left) or `x op(a) = b` for triangular `a`.
+    TriangularSolve {
+        left: bool,
+        lower: bool,
+        unit_diagonal: bool,
+        transpose: bool,
     },
     /// Random bits from a u64[2] key (the node's type is the bits' type).
     RngBits,
@@ -182,6 +202,11 @@ impl Graph {
     pub fn full(&mut self, value: f64, dtype: DType, shape: &[i64]) -> V {
         let bits = if dtype.is_float() { value.to_bits() as i64 } else { value as i64 };
         self.push(Op::Const(bits), vec![], Ty::new(dtype, shape))
+    }
+
+    /// The identity of `kind` (a reduction's start value) splat to `shape`.
+    pub fn identity(&mut self, kind: ReduceKind, dtype: DType, shape: &[i64]) -> V {
+        self.push(Op::Const(crate::emit::reduce_init(kind, dtype)), vec![], Ty::new(dtype, shape))
     }
 
     pub fn scalar(&mut self, value: f64, dtype: DType) -> V {
@@ -370,10 +395,32 @@ impl Graph {
     }
 
     /// The inverse of `take`: scatters `updates` (shape as `take` would
-    /// produce) into `a` at `indices` along `axis`, adding or overwriting.
-    pub fn put(&mut self, a: V, indices: V, updates: V, axis: usize, accumulate: bool) -> V {
+    /// produce) into `a` at `indices` along `axis`, combining with `combine`
+    /// or overwriting.
+    pub fn put(&mut self, a: V, indices: V, updates: V, axis: usize, combine: Option<ReduceKind>) -> V {
         let ty = self.ty(a).clone();
-        self.push(Op::Put { axis: axis as i64, accumulate }, vec![a, indices, updates], ty)
+        self.push(Op::Put { axis: axis as i64, combine }, vec![a, indices, updates], ty)
+    }
+
+    /// `operands` sorted along `dim` by the first (see [`Op::Sort`]); one
+    /// node per operand.
+    pub fn sort(&mut self, operands: &[V], dim: usize, descending: bool) -> Vec<V> {
+        (0..operands.len())
+            .map(|result| {
+                let ty = self.ty(operands[result]).clone();
+                self.push(Op::Sort { dim: dim as i64, descending, result }, operands.to_vec(), ty)
+            })
+            .collect()
+    }
+
+    pub fn cholesky(&mut self, a: V, lower: bool) -> V {
+        let ty = self.ty(a).clone();
+        self.push(Op::Cholesky { lower }, vec![a], ty)
+    }
+
+    pub fn triangular_solve(&mut self, a: V, b: V, left: bool, lower: bool, unit_diagonal: bool, transpose: bool) -> V {
+        let ty = self.ty(b).clone();
+        self.push(Op::TriangularSolve { left, lower, unit_diagonal, transpose }, vec![a, b], ty)
     }
 
     /// Uniformly random bits of `dtype` (u32 or u64 shaped) from a u64[2] key.

@@ -46,6 +46,8 @@ pub enum Reason {
     /// The mode changes, or a strict/debug op needs a pending value.
     Mode,
     Resize,
+    /// An op whose result's shape depends on values (`nonzero`).
+    DataDependent,
 }
 
 impl Reason {
@@ -59,6 +61,7 @@ impl Reason {
             Reason::Device => "device_change",
             Reason::Mode => "mode_change",
             Reason::Resize => "resize",
+            Reason::DataDependent => "data_dependent",
         }
     }
 
@@ -72,6 +75,7 @@ impl Reason {
             Reason::Device,
             Reason::Mode,
             Reason::Resize,
+            Reason::DataDependent,
         ]
         .into_iter()
         .find(|r| r.name() == name)

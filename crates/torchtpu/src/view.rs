@@ -155,7 +155,7 @@ pub fn write(g: &mut Graph, old: V, view: &View, src: V) -> V {
     }
     let Some(order) = view.memory_order() else {
         let idx = linear_indices(g, view);
-        return g.put(old, idx, src, 0, false);
+        return g.put(old, idx, src, 0, None);
     };
     // A consecutive range: the source laid out in memory order replaces it.
     let src = g.transpose(src, &order);

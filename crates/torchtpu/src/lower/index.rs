@@ -1,7 +1,11 @@
 //! Indexing operators. Out-of-range indices raise CPU's exception and
-//! message after the program ran.
-use super::elementwise::{cpp_name, opmath};
-use super::{op, wrap_dim, Cx, Entry};
+//! message after the program ran. Operators whose result shape depends on
+//! values (`nonzero`, `masked_select`, indexing with boolean masks) count
+//! first, in a `measure` lowering the host reads, then run with that size.
+use super::elementwise::{cpp_name, not_implemented, opmath};
+use super::reduce::scan;
+use super::sort::sorted;
+use super::{op, op_measured, wrap_dim, Cx, Entry};
 use crate::args::Tensor;
 use crate::dtype::DType;
 use crate::error::{Error, Kind, Result};
@@ -14,6 +18,15 @@ pub static ENTRIES: &[Entry] = &[
     op("gather", gather),
     op("scatter", |cx| scatter(cx, "scatter")),
     op("scatter_add", |cx| scatter(cx, "scatter_add")),
+    op("scatter_reduce", scatter_reduce),
+    op("index_reduce", index_reduce),
+    op("index_fill", index_fill),
+    op_measured("index", index, index_measure),
+    op_measured("index_put", index_put, index_measure),
+    op_measured("_index_put_impl", index_put, index_measure),
+    op_measured("nonzero", nonzero, nonzero_measure),
+    op_measured("masked_select", masked_select, masked_measure),
+    op("masked_scatter", masked_scatter),
 ];
 
 /// Indices as i64, negatives wrapped when `wrap`, plus a check of their
@@ -79,46 +92,8 @@ fn index_select(cx: &mut Cx) -> Result<Vec<V>> {
 
 /// `self` with `alpha * source` slices added at `index` along `dim`.
 fn index_add(cx: &mut Cx) -> Result<Vec<V>> {
-    let (t, it, st) = (cx.meta("self")?, cx.meta("index")?, cx.meta("source")?);
-    if it.sizes.len() > 1 {
-        return Err(Error::index(format!(
-            "index_add_(): Index is supposed to be a vector, but got dim: {} with type: {} and size: {:?}",
-            it.sizes.len(),
-            it.dtype.torch_name(),
-            it.sizes
-        )));
-    }
-    if !is_index_dtype(it.dtype) {
-        return Err(Error::runtime(format!(
-            "index_add_(): Expected dtype int32/int64 for index but got: {}",
-            it.dtype.torch_name()
-        )));
-    }
-    if t.dtype != st.dtype {
-        return Err(Error::runtime(format!(
-            "index_add_(): self ({}) and source ({}) must have the same scalar type",
-            t.dtype.torch_name(),
-            st.dtype.torch_name()
-        )));
-    }
-    let dim = wrap_dim(cx.int("dim")?, t.sizes.len())?;
-    // 0-dim tensors act as vectors of one element.
-    let (sizes, ssizes) = (as_vector(&t), as_vector(&st));
-    let mut expected = sizes.clone();
-    expected[dim] = ssizes.get(dim).copied().unwrap_or(1);
-    if ssizes != expected {
-        return Err(Error::runtime(format!(
-            "source tensor shape must match self tensor shape, excluding the specified dimension. Got self.shape = {:?} source.shape = {:?}",
-            t.sizes, st.sizes
-        )));
-    }
-    if ssizes[dim] != it.numel() {
-        return Err(Error::index(format!(
-            "index_add_(): Number of indices ({}) should be equal to source.size(dim): ({}), for dim: {dim}",
-            it.numel(),
-            ssizes[dim]
-        )));
-    }
+    let (dim, sizes, ssizes) = index_source(cx, "index_add_", Kind::Index)?;
+    let (t, it) = (cx.meta("self")?, cx.meta("index")?);
     let ct = opmath(t.dtype);
     let x = cx.tensor("self")?;
     let x = cx.g.reshape(x, &sizes);
@@ -131,12 +106,126 @@ fn index_add(cx: &mut Cx) -> Result<Vec<V>> {
     let alpha = cx.scalar_like("alpha", ct, &ssizes)?.expect("alpha");
     let src = cx.g.binary("stablehlo.multiply", src, alpha);
     let src = cx.g.convert(src, t.dtype);
-    let r = cx.g.put(x, idx, src, dim, true);
+    let r = cx.g.put(x, idx, src, dim, Some(ReduceKind::Sum));
     Ok(vec![cx.g.reshape(r, t.sizes)])
 }
 
+/// `self` with the slices at `index` along `dim` set to `value`.
+fn index_fill(cx: &mut Cx) -> Result<Vec<V>> {
+    let (t, it) = (cx.meta("self")?, cx.meta("index")?);
+    if it.sizes.len() > 1 {
+        return Err(Error::runtime("Index has to be a vector/scalar"));
+    }
+    if it.dtype != DType::I64 {
+        return Err(Error::index("index_fill_(): Expected dtype int64 for index."));
+    }
+    if let Ok(v) = cx.meta("value") {
+        if !v.sizes.is_empty() {
+            return Err(Error::runtime(format!(
+                "index_fill_ only supports a 0-dimensional value tensor, but got tensor with {} dimension(s).",
+                v.sizes.len()
+            )));
+        }
+    }
+    let dim = wrap_dim(cx.int("dim")?, t.sizes.len())?;
+    let sizes = as_vector(&t);
+    let x = cx.tensor("self")?;
+    let x = cx.g.reshape(x, &sizes);
+    let idx = cx.tensor("index")?;
+    let idx = cx.g.reshape(idx, &[it.numel()]);
+    let idx = checked_indices(cx, idx, sizes[dim], true, Kind::Index, out_of_bounds(dim, sizes[dim]));
+    let mut shape = sizes.clone();
+    shape[dim] = it.numel();
+    let value = cx.scalar_like("value", t.dtype, &shape)?.expect("value");
+    let r = cx.g.put(x, idx, value, dim, None);
+    Ok(vec![cx.g.reshape(r, t.sizes)])
+}
+
+/// `index_reduce`: prod, mean, amax or amin of the source slices each
+/// index receives along `dim`, with self's (include_self) or not.
+fn index_reduce(cx: &mut Cx) -> Result<Vec<V>> {
+    let reduce = cx.str("reduce")?;
+    let kind = match reduce {
+        "prod" => ReduceKind::Prod,
+        "mean" => ReduceKind::Sum,
+        "amax" => ReduceKind::Max,
+        "amin" => ReduceKind::Min,
+        _ => {
+            return Err(Error::runtime(format!(
+                "index_reduce(): Expected reduce to be one of prod, mean, amax or amin but got {reduce}."
+            )))
+        }
+    };
+    let (dim, sizes, ssizes) = index_source(cx, "index_reduce_", Kind::Runtime)?;
+    let (t, it) = (cx.meta("self")?, cx.meta("index")?);
+    let include_self = cx.bool("include_self")?;
+    if t.dtype == DType::Bool {
+        let kernel = if include_self { "index_func_" } else { "index_reduce_func_exclude_input_init" };
+        return Err(not_implemented(kernel, t.dtype));
+    }
+    let x = cx.tensor("self")?;
+    let x = cx.g.reshape(x, &sizes);
+    let idx = cx.tensor("index")?;
+    let idx = cx.g.reshape(idx, &[it.numel()]);
+    let idx = checked_indices(cx, idx, sizes[dim], false, Kind::Index, "index out of range in self".into());
+    let src = cx.tensor("source")?;
+    let src = cx.g.reshape(src, &ssizes);
+    let how = Reduction { kind, include_self, mean: reduce == "mean" };
+    let r = reduce_into(cx, x, idx, src, dim, how);
+    Ok(vec![cx.g.reshape(r, t.sizes)])
+}
+
+/// The checks index_add and index_reduce (`what`) share; CPU raises a
+/// count mismatch as `count_kind`. Returns dim and the sizes of self and
+/// source (0-dim tensors act as vectors of one element).
+fn index_source(cx: &Cx, what: &str, count_kind: Kind) -> Result<(usize, Vec<i64>, Vec<i64>)> {
+    let (t, it, st) = (cx.meta("self")?, cx.meta("index")?, cx.meta("source")?);
+    if it.sizes.len() > 1 {
+        return Err(Error::index(format!(
+            "{what}(): Index is supposed to be a vector, but got dim: {} with type: {} and size: {:?}",
+            it.sizes.len(),
+            it.dtype.torch_name(),
+            it.sizes
+        )));
+    }
+    if !is_index_dtype(it.dtype) {
+        return Err(Error::runtime(format!(
+            "{what}(): Expected dtype int32/int64 for index but got: {}",
+            it.dtype.torch_name()
+        )));
+    }
+    if t.dtype != st.dtype {
+        return Err(Error::runtime(format!(
+            "{what}(): self ({}) and source ({}) must have the same scalar type",
+            t.dtype.torch_name(),
+            st.dtype.torch_name()
+        )));
+    }
+    let dim = wrap_dim(cx.int("dim")?, t.sizes.len())?;
+    let (sizes, ssizes) = (as_vector(&t), as_vector(&st));
+    let mut expected = sizes.clone();
+    expected[dim] = ssizes.get(dim).copied().unwrap_or(1);
+    if ssizes != expected {
+        return Err(Error::runtime(format!(
+            "source tensor shape must match self tensor shape, excluding the specified dimension. Got self.shape = {:?} source.shape = {:?}",
+            t.sizes, st.sizes
+        )));
+    }
+    if ssizes[dim] != it.numel() {
+        return Err(Error {
+            kind: count_kind,
+            message: format!(
+                "{what}(): Number of indices ({}) should be equal to source.size(dim): ({}), for dim: {dim}",
+                it.numel(),
+                ssizes[dim]
+            ),
+        });
+    }
+    Ok((dim, sizes, ssizes))
+}
+
 /// A tensor's sizes with 0-dim tensors read as one element vectors.
-fn as_vector(t: &Tensor) -> Vec<i64> {
+pub fn as_vector(t: &Tensor) -> Vec<i64> {
     if t.sizes.is_empty() {
         vec![1]
     } else {
@@ -219,21 +308,104 @@ fn gather(cx: &mut Cx) -> Result<Vec<V>> {
 }
 
 /// scatter (src tensor or value, optional reduce "add"/"multiply") and
-/// scatter_add: `out[p with index[p] along dim] = src[p]` (or `+=`).
+/// scatter_add: `out[p with index[p] along dim] = src[p]` (or `+=`, `*=`).
 fn scatter(cx: &mut Cx, what: &str) -> Result<Vec<V>> {
-    let (t, it) = (cx.meta("self")?, cx.meta("index")?);
-    let add = match cx.has("reduce").then(|| cx.str("reduce")).transpose()? {
-        None => what == "scatter_add",
-        Some("add") => true,
-        Some("multiply") => {
-            return Err(Error::not_implemented("torchtpu: scatter with reduce='multiply' is not supported on tpu"))
-        }
+    let combine = match cx.has("reduce").then(|| cx.str("reduce")).transpose()? {
+        None => (what == "scatter_add").then_some(ReduceKind::Sum),
+        Some("add") => Some(ReduceKind::Sum),
+        Some("multiply") => Some(ReduceKind::Prod),
         Some(_) => return Err(Error::runtime("reduce argument must be either add or multiply.")),
     };
     let x = cx.tensor("self")?;
-    // CPU checks nothing more of an empty index.
+    let Some((pos, updates)) = scatter_operands(cx, what)? else { return Ok(vec![x]) };
+    let t = cx.meta("self")?;
+    let x = cx.g.reshape(x, &[t.numel()]);
+    let r = cx.g.put(x, pos, updates, 0, combine);
+    Ok(vec![cx.g.reshape(r, t.sizes)])
+}
+
+/// `scatter_reduce.two`: sum, prod, mean, amax or amin of the src values
+/// each position receives, with self's value or (include_self=False) not.
+fn scatter_reduce(cx: &mut Cx) -> Result<Vec<V>> {
+    let reduce = cx.str("reduce")?;
+    let kind = match reduce {
+        "sum" | "mean" => ReduceKind::Sum,
+        "prod" => ReduceKind::Prod,
+        "amax" => ReduceKind::Max,
+        "amin" => ReduceKind::Min,
+        _ => {
+            return Err(Error::runtime(format!(
+                "reduce argument must be either sum, prod, mean, amax or amin, got {reduce}"
+            )))
+        }
+    };
+    let dtype = cx.meta("self")?.dtype;
+    if reduce == "mean" && dtype == DType::Bool {
+        return Err(not_implemented("scatter_gather_tensor_cpu_reduce_mean", dtype));
+    }
+    let x = cx.tensor("self")?;
+    let Some((pos, updates)) = scatter_operands(cx, "scatter_reduce")? else { return Ok(vec![x]) };
+    let t = cx.meta("self")?;
+    let x = cx.g.reshape(x, &[t.numel()]);
+    let how = Reduction { kind, include_self: cx.bool("include_self")?, mean: reduce == "mean" };
+    let r = reduce_into(cx, x, pos, updates, 0, how);
+    Ok(vec![cx.g.reshape(r, t.sizes)])
+}
+
+/// How scatter_reduce and index_reduce combine values.
+#[derive(Clone, Copy)]
+struct Reduction {
+    kind: ReduceKind,
+    include_self: bool,
+    /// Sums become means.
+    mean: bool,
+}
+
+/// `x` with `updates` combined into positions `pos` along `axis` by `kind`;
+/// without `include_self` a position's old value takes no part (positions
+/// nothing reaches keep it). `mean` divides sums by their counts (flooring
+/// integers, as CPU).
+fn reduce_into(cx: &mut Cx, x: V, pos: V, updates: V, axis: usize, how: Reduction) -> V {
+    let Reduction { kind, include_self, mean } = how;
+    let (xt, ut) = (cx.g.ty(x).clone(), cx.g.ty(updates).clone());
+    let base = if include_self {
+        x
+    } else {
+        let fill = cx.g.identity(kind, xt.dtype, &ut.shape);
+        cx.g.put(x, pos, fill, axis, None)
+    };
+    let r = cx.g.put(base, pos, updates, axis, Some(kind));
+    if !mean {
+        return r;
+    }
+    let ct = opmath(xt.dtype);
+    let start = cx.g.full(include_self as i64 as f64, ct, &xt.shape);
+    let ones = cx.g.full(1.0, ct, &ut.shape);
+    let count = cx.g.put(start, pos, ones, axis, Some(ReduceKind::Sum));
+    let zero = cx.g.full(0.0, ct, &xt.shape);
+    let none = cx.g.compare("EQ", count, zero);
+    let one = cx.g.full(1.0, ct, &xt.shape);
+    let count = cx.g.select(none, one, count);
+    let sum = cx.g.convert(r, ct);
+    let mut q = cx.g.binary("stablehlo.divide", sum, count);
+    if !ct.is_float() {
+        // Floor division of integers: truncation rounds negative quotients up.
+        let back = cx.g.binary("stablehlo.multiply", q, count);
+        let inexact = cx.g.compare("NE", back, sum);
+        let negative = cx.g.compare("LT", sum, zero);
+        let fix = cx.g.binary("stablehlo.and", inexact, negative);
+        let less = cx.g.binary("stablehlo.subtract", q, one);
+        q = cx.g.select(fix, less, q);
+    }
+    cx.g.convert(q, xt.dtype)
+}
+
+/// The checked flat positions a scatter writes and its flat updates (src
+/// or value), or None for an empty index (CPU checks nothing more then).
+fn scatter_operands(cx: &mut Cx, what: &str) -> Result<Option<(V, V)>> {
+    let (t, it) = (cx.meta("self")?, cx.meta("index")?);
     if it.numel() == 0 {
-        return Ok(vec![x]);
+        return Ok(None);
     }
     let (sizes, isizes) = (as_vector(&t), as_vector(&it));
     if isizes.len() != sizes.len() {
@@ -266,8 +438,377 @@ fn scatter(cx: &mut Cx, what: &str) -> Result<Vec<V>> {
         }
         None => cx.scalar_like("value", t.dtype, &isizes)?.expect("value"),
     };
-    let updates = cx.g.reshape(updates, &[it.numel()]);
-    let x = cx.g.reshape(x, &[t.numel()]);
-    let r = cx.g.put(x, pos, updates, 0, add);
+    Ok(Some((pos, cx.g.reshape(updates, &[it.numel()]))))
+}
+
+// ------------------------------------------------------------------ data-dependent shapes
+
+/// The number of true elements of a bool array, as an i64 scalar.
+fn count_true(cx: &mut Cx, mask: V) -> V {
+    let ones = cx.g.convert(mask, DType::I64);
+    let dims: Vec<usize> = (0..cx.g.ty(ones).rank()).collect();
+    cx.g.reduce(ReduceKind::Sum, ones, &dims)
+}
+
+/// Several counts as the one i64 vector a `measure` lowering returns.
+fn sizes_vector(cx: &mut Cx, counts: &[V]) -> Vec<V> {
+    if counts.is_empty() {
+        return vec![];
+    }
+    let parts: Vec<V> = counts.iter().map(|&c| cx.g.reshape(c, &[1])).collect();
+    vec![cx.g.concatenate(&parts, 0)]
+}
+
+/// The row-major flat positions (i64[k]) of the `k` true elements of a
+/// bool array: a stable sort puts them first, in order.
+fn true_positions(cx: &mut Cx, mask: V, k: i64) -> V {
+    let n = cx.g.ty(mask).numel();
+    let flat = cx.g.reshape(mask, &[n]);
+    let (_, positions) = sorted(cx, flat, 0, true);
+    cx.g.slice(positions, &[0], &[k], &[1])
+}
+
+/// The coordinates (one i64[k] per dimension) of flat positions in an
+/// array of `sizes`.
+fn coordinates(cx: &mut Cx, pos: V, sizes: &[i64]) -> Vec<V> {
+    let shape = cx.g.ty(pos).shape.clone();
+    contiguous_strides(sizes)
+        .iter()
+        .zip(sizes)
+        .map(|(&stride, &size)| {
+            let s = cx.g.full(stride as f64, DType::I64, &shape);
+            let q = cx.g.binary("stablehlo.divide", pos, s);
+            let n = cx.g.full(size as f64, DType::I64, &shape);
+            cx.g.binary("stablehlo.remainder", q, n)
+        })
+        .collect()
+}
+
+/// `self != 0`, read as at least 1-D.
+fn nonzero_mask(cx: &mut Cx) -> Result<(V, Vec<i64>)> {
+    let t = cx.meta("self")?;
+    let x = cx.tensor("self")?;
+    let sizes = as_vector(&t);
+    let x = cx.g.reshape(x, &sizes);
+    let zero = cx.g.full(0.0, t.dtype, &sizes);
+    Ok((cx.g.compare("NE", x, zero), sizes))
+}
+
+fn nonzero_measure(cx: &mut Cx) -> Result<Vec<V>> {
+    let (mask, _) = nonzero_mask(cx)?;
+    let count = count_true(cx, mask);
+    Ok(sizes_vector(cx, &[count]))
+}
+
+/// The [k, rank] coordinates of the nonzero elements, in row-major order.
+fn nonzero(cx: &mut Cx) -> Result<Vec<V>> {
+    let rank = cx.meta("self")?.sizes.len() as i64;
+    let k = cx.sizes[0];
+    if k == 0 || rank == 0 {
+        return Ok(vec![cx.g.full(0.0, DType::I64, &[k, rank])]);
+    }
+    let (mask, sizes) = nonzero_mask(cx)?;
+    let pos = true_positions(cx, mask, k);
+    let columns: Vec<V> = coordinates(cx, pos, &sizes).into_iter().map(|c| cx.g.reshape(c, &[k, 1])).collect();
+    Ok(vec![cx.g.concatenate(&columns, 1)])
+}
+
+/// self and mask broadcast together, flat.
+fn masked_operands(cx: &mut Cx) -> Result<(V, V)> {
+    let (t, m) = (cx.meta("self")?, cx.meta("mask")?);
+    if m.dtype != DType::Bool {
+        return Err(Error::runtime("masked_select: expected BoolTensor for mask"));
+    }
+    let shape = crate::ir::broadcast_all(&[t.sizes, m.sizes])?;
+    let n = shape.iter().product();
+    let (x, mask) = (cx.tensor("self")?, cx.tensor("mask")?);
+    let (x, mask) = (cx.g.broadcast_to(x, &shape), cx.g.broadcast_to(mask, &shape));
+    Ok((cx.g.reshape(x, &[n]), cx.g.reshape(mask, &[n])))
+}
+
+fn masked_measure(cx: &mut Cx) -> Result<Vec<V>> {
+    let (_, mask) = masked_operands(cx)?;
+    let count = count_true(cx, mask);
+    Ok(sizes_vector(cx, &[count]))
+}
+
+fn masked_select(cx: &mut Cx) -> Result<Vec<V>> {
+    let dtype = cx.meta("self")?.dtype;
+    let (x, mask) = masked_operands(cx)?;
+    let k = cx.sizes[0];
+    if k == 0 {
+        return Ok(vec![cx.g.full(0.0, dtype, &[0])]);
+    }
+    let pos = true_positions(cx, mask, k);
+    Ok(vec![cx.g.take(x, pos, 0)])
+}
+
+// ------------------------------------------------------------------ advanced indexing
+
+/// An `indices` list resolved against `self`: the dimensions it indexes
+/// (in order), their i64 indices broadcast to `shape` and wrapped, and
+/// whether those dimensions are adjacent (the result's indexed dimensions
+/// then replace them in place; otherwise they come first).
+struct Advanced {
+    dims: Vec<usize>,
+    indices: Vec<V>,
+    shape: Vec<i64>,
+    adjacent: bool,
+}
+
+fn is_mask(t: &Tensor) -> bool {
+    matches!(t.dtype, DType::Bool | DType::U8)
+}
+
+/// The `indices` list with PyTorch's checks of dtypes, count and mask
+/// shapes; masks are returned as defined entries too.
+fn index_list<'a>(cx: &Cx<'a>, t: &Tensor) -> Result<Vec<Option<Tensor<'a>>>> {
+    let list = cx.metas("indices")?;
+    let mut dim = 0;
+    for it in list.iter() {
+        match it {
+            Some(it) if !is_index_dtype(it.dtype) && !is_mask(it) => {
+                return Err(Error::index("tensors used as indices must be long, int, byte or bool tensors"))
+            }
+            Some(it) if is_mask(it) => {
+                for (j, &size) in it.sizes.iter().enumerate() {
+                    if t.sizes.get(dim + j).is_some_and(|&s| s != size) {
+                        return Err(Error::index(format!(
+                            "The shape of the mask {:?} at index {j} does not match the shape of the indexed tensor {:?} at index {}",
+                            it.sizes,
+                            t.sizes,
+                            dim + j
+                        )));
+                    }
+                }
+                dim += it.sizes.len();
+            }
+            _ => dim += 1,
+        }
+    }
+    if dim > t.sizes.len() {
+        return Err(Error::index(format!("too many indices for tensor of dimension {} (got {dim})", t.sizes.len())));
+    }
+    Ok(list)
+}
+
+/// Counts of the masks in `indices`, for `measure`.
+fn index_measure(cx: &mut Cx) -> Result<Vec<V>> {
+    let t = cx.meta("self")?;
+    let list = index_list(cx, &t)?;
+    let values = cx.index_tensors("indices")?;
+    let counts: Vec<V> = list
+        .iter()
+        .zip(values)
+        .filter(|(it, _)| it.as_ref().is_some_and(is_mask))
+        .map(|(_, v)| {
+            let mask = cx.g.convert(v.expect("defined"), DType::Bool);
+            count_true(cx, mask)
+        })
+        .collect();
+    Ok(sizes_vector(cx, &counts))
+}
+
+/// Resolves `indices` (masks become the coordinates of their true
+/// elements, counted by `index_measure`) and checks their range.
+fn advanced(cx: &mut Cx, t: &Tensor) -> Result<Advanced> {
+    let list = index_list(cx, t)?;
+    let values = cx.index_tensors("indices")?;
+    let (mut dims, mut indices, mut in_range) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut dim, mut masks) = (0, 0);
+    for (it, v) in list.iter().zip(values) {
+        match (it, v) {
+            (Some(it), Some(v)) if is_mask(it) => {
+                let k = cx.sizes[masks];
+                masks += 1;
+                let mask = cx.g.convert(v, DType::Bool);
+                let pos = true_positions(cx, mask, k);
+                for c in coordinates(cx, pos, it.sizes) {
+                    dims.push(dim);
+                    indices.push(c);
+                    in_range.push(true);
+                    dim += 1;
+                }
+            }
+            (Some(_), Some(v)) => {
+                dims.push(dim);
+                indices.push(v);
+                in_range.push(false);
+                dim += 1;
+            }
+            _ => dim += 1,
+        }
+    }
+    let shapes: Vec<Vec<i64>> = indices.iter().map(|&v| cx.g.ty(v).shape.clone()).collect();
+    let refs: Vec<&[i64]> = shapes.iter().map(|s| s.as_slice()).collect();
+    let shape = crate::ir::broadcast_all(&refs).map_err(|_| {
+        let list: Vec<String> = shapes.iter().map(|s| format!("{s:?}")).collect();
+        Error::index(format!(
+            "shape mismatch: indexing tensors could not be broadcast together with shapes {}",
+            list.join(", ")
+        ))
+    })?;
+    for (i, v) in indices.iter_mut().enumerate() {
+        let size = t.sizes[dims[i]];
+        if !in_range[i] {
+            let message = format!("index {{}} is out of bounds for dimension {i} with size {size}");
+            *v = checked_indices(cx, *v, size, true, Kind::Index, message);
+        }
+        *v = cx.g.broadcast_to(*v, &shape);
+    }
+    let adjacent = dims.windows(2).all(|w| w[1] == w[0] + 1);
+    Ok(Advanced { dims, indices, shape, adjacent })
+}
+
+/// How `index` lays self out: self transposed to [indexed dims, others]
+/// and its indexed dims flattened into one, the flat index into that
+/// dimension, and the permutation from [index shape, others] to the result.
+struct Layout {
+    perm: Vec<i64>,
+    /// self's transposed shape, and with its indexed dims flattened.
+    transposed: Vec<i64>,
+    flattened: Vec<i64>,
+    flat_index: V,
+    /// [index shape, others] and the result's permutation of it.
+    gathered: Vec<i64>,
+    result_perm: Vec<i64>,
+}
+
+fn layout(cx: &mut Cx, t: &Tensor, a: &Advanced) -> Layout {
+    let rank = t.sizes.len();
+    let others: Vec<usize> = (0..rank).filter(|d| !a.dims.contains(d)).collect();
+    let perm: Vec<i64> = a.dims.iter().chain(&others).map(|&d| d as i64).collect();
+    let transposed: Vec<i64> = perm.iter().map(|&d| t.sizes[d as usize]).collect();
+    let indexed: Vec<i64> = a.dims.iter().map(|&d| t.sizes[d]).collect();
+    let rest: Vec<i64> = others.iter().map(|&d| t.sizes[d]).collect();
+    let mut flattened = vec![indexed.iter().product()];
+    flattened.extend(&rest);
+    let mut flat_index = cx.g.full(0.0, DType::I64, &a.shape);
+    for (&idx, stride) in a.indices.iter().zip(contiguous_strides(&indexed)) {
+        let s = cx.g.full(stride as f64, DType::I64, &a.shape);
+        let term = cx.g.binary("stablehlo.multiply", idx, s);
+        flat_index = cx.g.binary("stablehlo.add", flat_index, term);
+    }
+    let mut gathered = a.shape.clone();
+    gathered.extend(&rest);
+    let (nb, first) = (a.shape.len() as i64, if a.adjacent { a.dims[0] as i64 } else { 0 });
+    let nrest = rest.len() as i64;
+    let result_perm: Vec<i64> = (nb..nb + first).chain(0..nb).chain(nb + first..nb + nrest).collect();
+    Layout { perm, transposed, flattened, flat_index, gathered, result_perm }
+}
+
+fn permuted(shape: &[i64], perm: &[i64]) -> Vec<i64> {
+    perm.iter().map(|&p| shape[p as usize]).collect()
+}
+
+fn inverse(perm: &[i64]) -> Vec<i64> {
+    let mut inv = vec![0; perm.len()];
+    for (i, &p) in perm.iter().enumerate() {
+        inv[p as usize] = i as i64;
+    }
+    inv
+}
+
+/// `self[indices]` (advanced indexing).
+fn index(cx: &mut Cx) -> Result<Vec<V>> {
+    let t = cx.meta("self")?;
+    let a = advanced(cx, &t)?;
+    let l = layout(cx, &t, &a);
+    let shape = permuted(&l.gathered, &l.result_perm);
+    if shape.contains(&0) || l.flattened[0] == 0 {
+        return Ok(vec![cx.g.full(0.0, t.dtype, &shape)]);
+    }
+    let x = cx.tensor("self")?;
+    let x = cx.g.transpose(x, &l.perm);
+    let x = cx.g.reshape(x, &l.flattened);
+    let r = cx.g.take(x, l.flat_index, 0);
+    Ok(vec![cx.g.transpose(r, &l.result_perm)])
+}
+
+/// `self[indices] = values` (or `+=` with accumulate, duplicates adding up).
+fn index_put(cx: &mut Cx) -> Result<Vec<V>> {
+    let (t, vt) = (cx.meta("self")?, cx.meta("values")?);
+    if t.dtype != vt.dtype {
+        return Err(Error::runtime(format!(
+            "Index put requires the source and destination dtypes match, got {} for the destination and {} for the source.",
+            t.dtype.torch_name(),
+            vt.dtype.torch_name()
+        )));
+    }
+    let a = advanced(cx, &t)?;
+    let l = layout(cx, &t, &a);
+    let shape = permuted(&l.gathered, &l.result_perm);
+    let fits = crate::ir::broadcast_all(&[vt.sizes, &shape]).is_ok_and(|s| s == shape);
+    if !fits {
+        return Err(Error::runtime(format!(
+            "shape mismatch: value tensor of shape {:?} cannot be broadcast to indexing result of shape {shape:?}",
+            vt.sizes
+        )));
+    }
+    let x = cx.tensor("self")?;
+    if shape.contains(&0) || l.flattened[0] == 0 {
+        return Ok(vec![x]);
+    }
+    let values = cx.tensor("values")?;
+    let values = cx.g.broadcast_to(values, &shape);
+    let values = cx.g.transpose(values, &inverse(&l.result_perm));
+    let n: i64 = a.shape.iter().product();
+    let mut rows = vec![n];
+    rows.extend(&l.flattened[1..]);
+    let values = cx.g.reshape(values, &rows);
+    let flat_index = cx.g.reshape(l.flat_index, &[n]);
+    let x = cx.g.transpose(x, &l.perm);
+    let x = cx.g.reshape(x, &l.flattened);
+    let combine = cx.bool("accumulate")?.then_some(ReduceKind::Sum);
+    let r = cx.g.put(x, flat_index, values, 0, combine);
+    let r = cx.g.reshape(r, &l.transposed);
+    Ok(vec![cx.g.transpose(r, &inverse(&l.perm))])
+}
+
+/// `self` with its elements where `mask` is true replaced, in order, by
+/// the leading elements of `source`.
+fn masked_scatter(cx: &mut Cx) -> Result<Vec<V>> {
+    let (t, m, st) = (cx.meta("self")?, cx.meta("mask")?, cx.meta("source")?);
+    if m.dtype != DType::Bool {
+        return Err(Error::runtime(format!(
+            "masked_scatter_ only supports boolean masks, but got mask with dtype {}",
+            m.dtype.torch_name()
+        )));
+    }
+    if t.dtype != st.dtype {
+        return Err(Error::runtime(format!(
+            "masked_scatter: expected self and source to have same dtypes but got{} and {}",
+            t.dtype.torch_name(),
+            st.dtype.torch_name()
+        )));
+    }
+    // CPU's kernel names the mask's type CPU<T>Type, where Tensor.expand prints torch.<T>Tensor.
+    super::shape::expand_check(&m, t.sizes).map_err(|e| Error {
+        message: e
+            .message
+            .replace(&format!("torch.{}Tensor", m.dtype.torch_name()), &format!("CPU{}Type", m.dtype.torch_name())),
+        ..e
+    })?;
+    let n = t.numel();
+    let (x, mask) = (cx.tensor("self")?, cx.tensor("mask")?);
+    let mask = cx.g.broadcast_to(mask, t.sizes);
+    let (x, mask) = (cx.g.reshape(x, &[n]), cx.g.reshape(mask, &[n]));
+    // Each true element's source position: the count of true ones before it.
+    let ones = cx.g.convert(mask, DType::I64);
+    let upto = scan(cx, &[ones], 0, &[ReduceKind::Sum], |cx, a, b| vec![cx.g.binary("stablehlo.add", b[0], a[0])]);
+    let before = cx.g.binary("stablehlo.subtract", upto[0], ones);
+    let count = count_true(cx, mask);
+    let available = cx.g.full(st.numel() as f64, DType::I64, &[]);
+    let short = cx.g.compare("GT", count, available);
+    cx.check(short, None, Kind::Runtime, "Number of elements of source < number of ones in mask");
+    if st.numel() == 0 || n == 0 {
+        return Ok(vec![cx.g.reshape(x, t.sizes)]);
+    }
+    let last = cx.g.full((st.numel() - 1) as f64, DType::I64, &[n]);
+    let at = cx.g.binary("stablehlo.minimum", before, last);
+    let source = cx.tensor("source")?;
+    let source = cx.g.reshape(source, &[st.numel()]);
+    let picked = cx.g.take(source, at, 0);
+    let r = cx.g.select(mask, picked, x);
     Ok(vec![cx.g.reshape(r, t.sizes)])
 }

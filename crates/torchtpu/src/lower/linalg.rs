@@ -1,17 +1,28 @@
 //! Matrix products. Everything reaches `dot_general`; float16/bfloat16
 //! multiply in float32 and round once, as PyTorch's CPU BLAS paths do.
 //! Checks and messages follow each op's CPU meta function and kernel.
-use super::elementwise::{cpp_name, no_bool, opmath};
-use super::shape::expand_check;
+use super::elementwise::{cpp_name, no_bool, not_implemented, opmath};
+use super::shape::{expand_check, keep_triangle};
 use super::{op, Cx, Entry};
 use crate::args::Tensor;
 use crate::dtype::DType;
 use crate::ensure;
 use crate::error::Result;
-use crate::ir::V;
+use crate::ir::{ReduceKind, V};
 
-pub static ENTRIES: &[Entry] =
-    &[op("mm", mm), op("bmm", bmm), op("addmm", addmm), op("baddbmm", baddbmm), op("addmv", addmv), op("dot", dot)];
+pub static ENTRIES: &[Entry] = &[
+    op("mm", mm),
+    op("bmm", bmm),
+    op("addmm", addmm),
+    op("baddbmm", baddbmm),
+    op("addmv", addmv),
+    op("dot", dot),
+    op("linalg_cholesky_ex", cholesky),
+    op("linalg_solve_triangular", solve_triangular),
+    op("triangular_solve", triangular_solve),
+    op("_cholesky_solve_helper", cholesky_solve),
+    op("cholesky_inverse", cholesky_inverse),
+];
 
 /// Rank and shape checks of `mm`/`addmm` (`what` prefixes the messages).
 fn check_matrices(m1: &Tensor, m2: &Tensor, what: &str) -> Result<()> {
@@ -201,4 +212,157 @@ fn dot(cx: &mut Cx) -> Result<Vec<V>> {
     no_bool(a.dtype, "dot")?;
     let p = product(cx, "self", "tensor", "dot")?;
     finish(cx, p, a.dtype)
+}
+
+// ------------------------------------------------------------------ factorizations and solves
+//
+// StableHLO has `cholesky` and `triangular_solve`; XLA expands both into
+// its own blocked algorithms on every platform. LU, QR, SVD and eigh are
+// LAPACK custom calls that live in jaxlib, not in PJRT plugins: those
+// operators stay CPU fallbacks (docs/ARCHITECTURE.md).
+
+/// `what`'s checks of a batch of square floating-point matrices.
+fn check_square(t: &Tensor, what: &str, name: &str) -> Result<()> {
+    let r = t.sizes.len();
+    ensure!(r >= 2, "{what}: The input tensor {name} must have at least 2 dimensions.");
+    ensure!(
+        t.sizes[r - 1] == t.sizes[r - 2],
+        "{what}: {name} must be batches of square matrices, but they are {} by {} matrices",
+        t.sizes[r - 2],
+        t.sizes[r - 1]
+    );
+    ensure!(
+        t.dtype.is_float(),
+        "{what}: Expected a floating point or complex tensor as input. Got {}",
+        t.dtype.torch_name()
+    );
+    Ok(())
+}
+
+/// CPU's LAPACK `kernel` has float32 and float64 only.
+fn lapack_dtype(t: &Tensor, kernel: &str) -> Result<()> {
+    if !matches!(t.dtype, DType::F32 | DType::F64) {
+        return Err(not_implemented(kernel, t.dtype));
+    }
+    Ok(())
+}
+
+/// `linalg_cholesky_ex`: the factor, and per matrix the order of the first
+/// leading minor that is not positive-definite (0 when none is).
+fn cholesky(cx: &mut Cx) -> Result<Vec<V>> {
+    let t = cx.meta("self")?;
+    check_square(&t, "linalg.cholesky", "A")?;
+    let upper = cx.bool("upper")?;
+    let r = t.sizes.len();
+    // CPU returns empty inputs before dispatching on the dtype.
+    if t.numel() == 0 {
+        return Ok(vec![cx.g.full(0.0, t.dtype, t.sizes), cx.g.full(0.0, DType::I32, &t.sizes[..r - 2])]);
+    }
+    lapack_dtype(&t, "cholesky_cpu")?;
+    let x = cx.tensor("self")?;
+    let f = cx.g.cholesky(x, !upper);
+    // StableHLO leaves the other triangle unspecified.
+    let f = keep_triangle(cx, f, !upper, 0);
+    let on_diagonal = diagonal_mask(cx, t.sizes);
+    let zero = cx.g.full(0.0, t.dtype, t.sizes);
+    let diagonal = cx.g.select(on_diagonal, f, zero);
+    let diagonal = cx.g.reduce(ReduceKind::Sum, diagonal, &[r - 1]);
+    let batch = cx.g.ty(diagonal).shape.clone();
+    // A failed factorization leaves NaN (or a non-positive pivot) from the failing column on.
+    let zeros = cx.g.full(0.0, t.dtype, &batch);
+    let positive = cx.g.compare("GT", diagonal, zeros);
+    let bad = cx.g.unary("stablehlo.not", positive);
+    let any = cx.g.reduce(ReduceKind::Or, bad, &[r - 2]);
+    let bad = cx.g.convert(bad, DType::U8);
+    let first = cx.g.arg_reduce(bad, r - 2, true);
+    let info_shape = cx.g.ty(first).shape.clone();
+    let one = cx.g.full(1.0, DType::I64, &info_shape);
+    let order = cx.g.binary("stablehlo.add", first, one);
+    let none = cx.g.full(0.0, DType::I64, &info_shape);
+    let info = cx.g.select(any, order, none);
+    if cx.bool("check_errors")? && r == 2 {
+        cx.check(
+            any,
+            Some(info),
+            crate::error::Kind::Runtime,
+            "linalg.cholesky: The factorization could not be completed because the input is not positive-definite (the leading minor of order {} is not positive-definite).",
+        );
+    }
+    Ok(vec![f, cx.g.convert(info, DType::I32)])
+}
+
+/// True on the main diagonal of each trailing matrix of `shape`.
+fn diagonal_mask(cx: &mut Cx, shape: &[i64]) -> V {
+    let r = shape.len();
+    let rows = cx.g.iota(DType::I64, shape, r - 2);
+    let cols = cx.g.iota(DType::I64, shape, r - 1);
+    cx.g.compare("EQ", rows, cols)
+}
+
+/// Both operands with their batch dimensions broadcast together.
+fn batched(cx: &mut Cx, a: &str, b: &str) -> Result<(V, V)> {
+    let (ta, tb) = (cx.meta(a)?, cx.meta(b)?);
+    let (ra, rb) = (ta.sizes.len(), tb.sizes.len());
+    let batch = crate::ir::broadcast_all(&[&ta.sizes[..ra - 2], &tb.sizes[..rb - 2]])?;
+    let (va, vb) = (cx.tensor(a)?, cx.tensor(b)?);
+    let shape = |m: &[i64]| batch.iter().chain(m).copied().collect::<Vec<i64>>();
+    let va = cx.g.broadcast_to(va, &shape(&ta.sizes[ra - 2..]));
+    let vb = cx.g.broadcast_to(vb, &shape(&tb.sizes[rb - 2..]));
+    Ok((va, vb))
+}
+
+/// Checks of a triangular system's operands (`what` names the op).
+fn check_system(a: &Tensor, b: &Tensor, what: &str) -> Result<()> {
+    ensure!(a.sizes.len() >= 2, "{what}: The input tensor A must have at least 2 dimensions.");
+    ensure!(b.sizes.len() >= 2, "{what}: The input tensor B must have at least 2 dimensions.");
+    ensure!(
+        a.dtype == b.dtype,
+        "{what}: Expected A and B to have the same dtype, but found A of type {} and B of type {} instead",
+        a.dtype.torch_name(),
+        b.dtype.torch_name()
+    );
+    check_square(a, what, "A")?;
+    lapack_dtype(a, "triangular_solve_cpu")
+}
+
+fn solve_triangular(cx: &mut Cx) -> Result<Vec<V>> {
+    let (ta, tb) = (cx.meta("self")?, cx.meta("B")?);
+    check_system(&ta, &tb, "linalg.solve_triangular")?;
+    let (upper, left, unit) = (cx.bool("upper")?, cx.bool("left")?, cx.bool("unitriangular")?);
+    let (a, b) = batched(cx, "self", "B")?;
+    Ok(vec![cx.g.triangular_solve(a, b, left, !upper, unit, false)])
+}
+
+/// The deprecated `triangular_solve(B, A)`: the solution and a copy of A.
+fn triangular_solve(cx: &mut Cx) -> Result<Vec<V>> {
+    let (tb, ta) = (cx.meta("self")?, cx.meta("A")?);
+    check_system(&ta, &tb, "torch.triangular_solve")?;
+    let (upper, transpose, unit) = (cx.bool("upper")?, cx.bool("transpose")?, cx.bool("unitriangular")?);
+    let (a, b) = batched(cx, "A", "self")?;
+    Ok(vec![cx.g.triangular_solve(a, b, true, !upper, unit, transpose), a])
+}
+
+/// Solves `L L^T x = b` (or `U^T U x = b`) by two triangular solves.
+fn solve_factored(cx: &mut Cx, f: V, b: V, upper: bool) -> V {
+    let y = cx.g.triangular_solve(f, b, true, !upper, false, upper);
+    cx.g.triangular_solve(f, y, true, !upper, false, !upper)
+}
+
+fn cholesky_solve(cx: &mut Cx) -> Result<Vec<V>> {
+    let (b, f) = batched(cx, "self", "A")?;
+    let upper = cx.bool("upper")?;
+    Ok(vec![solve_factored(cx, f, b, upper)])
+}
+
+/// The inverse of `L L^T` (or `U^T U`) from its factor.
+fn cholesky_inverse(cx: &mut Cx) -> Result<Vec<V>> {
+    let t = cx.meta("self")?;
+    let r = t.sizes.len();
+    ensure!(r >= 2, "cholesky_inverse: The input tensor input must have at least 2 dimensions.");
+    let f = cx.tensor("self")?;
+    let on_diagonal = diagonal_mask(cx, t.sizes);
+    let (one, zero) = (cx.g.full(1.0, t.dtype, t.sizes), cx.g.full(0.0, t.dtype, t.sizes));
+    let identity = cx.g.select(on_diagonal, one, zero);
+    let upper = cx.bool("upper")?;
+    Ok(vec![solve_factored(cx, f, identity, upper)])
 }

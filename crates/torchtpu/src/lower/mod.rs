@@ -32,6 +32,7 @@ mod norm;
 mod random;
 mod reduce;
 mod shape;
+mod sort;
 
 pub type Lowering = fn(&mut Cx) -> Result<Vec<V>>;
 
@@ -44,18 +45,27 @@ pub struct Entry {
     pub consts: &'static [&'static str],
     /// Arguments the operator mutates though its schema does not mark them.
     pub writes: &'static [&'static str],
+    /// For operators whose result shapes depend on values (`nonzero`): a
+    /// lowering of the sizes they need, one i64 vector, run and read before
+    /// `lower` (which finds them in [`Cx::sizes`]); it may return nothing
+    /// when a call needs none.
+    pub measure: Option<Lowering>,
 }
 
 pub const fn op(name: &'static str, lower: Lowering) -> Entry {
-    Entry { name, lower, consts: &[], writes: &[] }
+    Entry { name, lower, consts: &[], writes: &[], measure: None }
 }
 
 pub const fn op_consts(name: &'static str, lower: Lowering, consts: &'static [&'static str]) -> Entry {
-    Entry { name, lower, consts, writes: &[] }
+    Entry { name, lower, consts, writes: &[], measure: None }
 }
 
 pub const fn op_writes(name: &'static str, lower: Lowering, writes: &'static [&'static str]) -> Entry {
-    Entry { name, lower, consts: &[], writes }
+    Entry { name, lower, consts: &[], writes, measure: None }
+}
+
+pub const fn op_measured(name: &'static str, lower: Lowering, measure: Lowering) -> Entry {
+    Entry { name, lower, consts: &[], writes: &[], measure: Some(measure) }
 }
 
 /// A lowering's result that is an undefined tensor.
@@ -73,6 +83,7 @@ fn table() -> impl Iterator<Item = &'static Entry> {
         random::ENTRIES,
         reduce::ENTRIES,
         shape::ENTRIES,
+        sort::ENTRIES,
         COPY_ENTRIES,
     ]
     .into_iter()
@@ -169,7 +180,7 @@ pub fn internal(name: &str, id: i32) -> OpDef {
 pub enum Input {
     /// The value of a tensor argument's storage (`item` indexes tensor lists).
     Storage { arg: usize, item: usize },
-    /// A CPU zero-dimensional tensor's value.
+    /// A CPU tensor's value (0-dim ones: numbers; or index tensors).
     Host { arg: usize, item: usize },
     /// A `Scalar`/`float` argument, carried as `dtype` (i64, f64 or bool).
     Scalar { arg: usize, dtype: DType },
@@ -203,12 +214,23 @@ pub struct Cx<'a> {
     pub device: usize,
     /// Errors raised after execution from flags the program computes.
     pub checks: Vec<Check>,
+    /// The values the entry's `measure` computed for this call.
+    pub sizes: Vec<i64>,
     storages: Vec<(*const Storage, V)>,
 }
 
 impl<'a> Cx<'a> {
-    pub fn new(op: &'a OpDef, args: &'a [Arg<'a>], device: usize) -> Cx<'a> {
-        Cx { g: Graph::default(), op, args, inputs: Vec::new(), device, checks: Vec::new(), storages: Vec::new() }
+    pub fn new(op: &'a OpDef, args: &'a [Arg<'a>], device: usize, sizes: Vec<i64>) -> Cx<'a> {
+        Cx {
+            g: Graph::default(),
+            op,
+            args,
+            inputs: Vec::new(),
+            device,
+            checks: Vec::new(),
+            sizes,
+            storages: Vec::new(),
+        }
     }
 
     fn index(&self, name: &str) -> Result<usize> {
@@ -401,6 +423,25 @@ impl<'a> Cx<'a> {
         let i = self.index(name)?;
         let metas = self.metas(name)?;
         metas.iter().enumerate().map(|(k, t)| t.as_ref().map(|t| self.read(i, k, t)).transpose()).collect()
+    }
+
+    /// Reads every defined tensor of an index list, CPU tensors too: PyTorch
+    /// moves CPU indices to the indexed tensor's device.
+    pub fn index_tensors(&mut self, name: &str) -> Result<Vec<Option<V>>> {
+        let i = self.index(name)?;
+        let metas = self.metas(name)?;
+        let mut out = Vec::with_capacity(metas.len());
+        for (k, t) in metas.iter().enumerate() {
+            out.push(match t {
+                None => None,
+                Some(t) if t.device.is_none() && t.numel() > 0 => {
+                    Some(self.param(t.ty(), Input::Host { arg: i, item: k }))
+                }
+                Some(t) if t.device.is_none() => Some(self.g.full(0.0, t.dtype, t.sizes)),
+                Some(t) => Some(self.read(i, k, t)?),
+            });
+        }
+        Ok(out)
     }
 
     /// A tensor or number argument as a promotion operand.

@@ -775,7 +775,7 @@ fn embedding_dense_backward(cx: &mut Cx) -> Result<Vec<V>> {
     if cx.bool("scale_grad_by_freq")? {
         let zeros = cx.g.full(0.0, ct, &[rows]);
         let ones = cx.g.full(1.0, ct, &[n]);
-        let counts = cx.g.put(zeros, idx, ones, 0, true);
+        let counts = cx.g.put(zeros, idx, ones, 0, Some(ReduceKind::Sum));
         let count = cx.g.take(counts, idx, 0);
         let count = cx.g.broadcast_in_dim(count, &[n, d], &[0]);
         g = div(cx, g, count);
@@ -786,6 +786,6 @@ fn embedding_dense_backward(cx: &mut Cx) -> Result<Vec<V>> {
     let zero = cx.g.full(0.0, ct, &[n, d]);
     let g = cx.g.select(padded, zero, g);
     let zeros = cx.g.full(0.0, ct, &[rows, d]);
-    let r = cx.g.put(zeros, idx, g, 0, true);
+    let r = cx.g.put(zeros, idx, g, 0, Some(ReduceKind::Sum));
     finish(cx, r, gt.dtype)
 }

@@ -23,6 +23,9 @@ pub static ENTRIES: &[Entry] = &[
     op("std", |cx| moments(cx, true)),
     op("cumsum", |cx| cumulative(cx, ReduceKind::Sum)),
     op("cumprod", |cx| cumulative(cx, ReduceKind::Prod)),
+    op("_cummax_helper", |cx| cumulative_extreme(cx, true)),
+    op("_cummin_helper", |cx| cumulative_extreme(cx, false)),
+    op("_logcumsumexp", logcumsumexp),
 ];
 
 /// The reduced dimensions of a `dim` argument: absent, None or [] mean all.
@@ -289,30 +292,107 @@ fn moments(cx: &mut Cx, sqrt: bool) -> Result<Vec<V>> {
     Ok(vec![cx.g.convert(r, t.dtype)])
 }
 
-/// cumsum and cumprod: an inclusive scan along `dim` in log2(n) steps, each
-/// combining the values with themselves shifted by 1, 2, 4, ... places.
+/// cumsum and cumprod, by `scan`.
 fn cumulative(cx: &mut Cx, kind: ReduceKind) -> Result<Vec<V>> {
     let t = cx.meta("self")?;
     let dtype = accumulate_dtype(cx)?;
     no_bool(dtype, if kind == ReduceKind::Sum { "cumsum_out_cpu" } else { "cumprod_out_cpu" })?;
     let dim = wrap_dim(cx.int("dim")?, t.sizes.len())?;
     let x = cx.tensor("self")?;
-    let mut x = cx.g.convert(x, opmath(dtype));
-    let n = t.sizes.get(dim).copied().unwrap_or(1);
-    let (combine, identity) =
-        if kind == ReduceKind::Sum { ("stablehlo.add", 0.0) } else { ("stablehlo.multiply", 1.0) };
-    let identity = cx.g.scalar(identity, opmath(dtype));
-    let zeros = vec![0; t.sizes.len()];
+    let x = cx.g.convert(x, opmath(dtype));
+    let combine = if kind == ReduceKind::Sum { "stablehlo.add" } else { "stablehlo.multiply" };
+    let x = scan(cx, &[x], dim, &[kind], |cx, earlier, later| vec![cx.g.binary(combine, later[0], earlier[0])]);
+    Ok(vec![cx.g.convert(x[0], dtype)])
+}
+
+/// An inclusive scan of several arrays together along `dim` in log2(n)
+/// steps, each combining the values with themselves shifted by 1, 2, 4, ...
+/// places (the gap filled with each array's `identities`' identity):
+/// `combine(earlier, later)`.
+pub fn scan(
+    cx: &mut Cx,
+    xs: &[V],
+    dim: usize,
+    identities: &[ReduceKind],
+    combine: impl Fn(&mut Cx, &[V], &[V]) -> Vec<V>,
+) -> Vec<V> {
+    let shape = cx.g.ty(xs[0]).shape.clone();
+    let n = shape.get(dim).copied().unwrap_or(1);
+    let identities: Vec<V> = xs
+        .iter()
+        .zip(identities)
+        .map(|(&x, &kind)| {
+            let dtype = cx.g.ty(x).dtype;
+            cx.g.identity(kind, dtype, &[])
+        })
+        .collect();
+    let zeros = vec![0; shape.len()];
+    let mut xs = xs.to_vec();
     let mut step = 1;
     while step < n {
-        let head = cx.g.slice_dim(x, dim, 0, n - step, 1);
         let mut low = zeros.clone();
         low[dim] = step;
-        let shifted = cx.g.pad(head, identity, &low, &zeros, &zeros);
-        x = cx.g.binary(combine, x, shifted);
+        let shifted: Vec<V> = xs
+            .iter()
+            .zip(&identities)
+            .map(|(&x, &identity)| {
+                let head = cx.g.slice_dim(x, dim, 0, n - step, 1);
+                cx.g.pad(head, identity, &low, &zeros, &zeros)
+            })
+            .collect();
+        xs = combine(cx, &shifted, &xs);
         step *= 2;
     }
-    Ok(vec![cx.g.convert(x, dtype)])
+    xs
+}
+
+/// `_cummax_helper`/`_cummin_helper`: running extremes and the index of the
+/// last one (CPU's `>=`); a NaN wins and every later NaN takes its place.
+fn cumulative_extreme(cx: &mut Cx, max: bool) -> Result<Vec<V>> {
+    let t = cx.meta("self")?;
+    let dim = wrap_dim(cx.int("dim")?, t.sizes.len())?;
+    let x = cx.tensor("self")?;
+    let x = cx.g.reshape(x, &super::index::as_vector(&t));
+    let shape = cx.g.ty(x).shape.clone();
+    let iota = cx.g.iota(DType::I64, &shape, dim);
+    let kind = if max { ReduceKind::Max } else { ReduceKind::Min };
+    let r = scan(cx, &[x, iota], dim, &[kind, ReduceKind::Sum], |cx, a, b| {
+        let better = cx.g.compare(if max { "GE" } else { "LE" }, b[0], a[0]);
+        let a_number = cx.g.compare("EQ", a[0], a[0]);
+        let b_nan = cx.g.compare("NE", b[0], b[0]);
+        let take = cx.g.binary("stablehlo.and", a_number, better);
+        let take = cx.g.binary("stablehlo.or", b_nan, take);
+        vec![cx.g.select(take, b[0], a[0]), cx.g.select(take, b[1], a[1])]
+    });
+    Ok(vec![cx.g.reshape(r[0], t.sizes), cx.g.reshape(r[1], t.sizes)])
+}
+
+/// `_logcumsumexp`: running log(sum(exp)), combined as CPU's
+/// `_log_add_exp_helper` (equal infinities give themselves).
+fn logcumsumexp(cx: &mut Cx) -> Result<Vec<V>> {
+    let t = cx.meta("self")?;
+    let dim = wrap_dim(cx.int("dim")?, t.sizes.len())?;
+    let x = cx.tensor("self")?;
+    if !t.dtype.is_float() {
+        return Err(super::elementwise::not_implemented("logcumsumexp_out_cpu", t.dtype));
+    }
+    let x = cx.g.reshape(x, &super::index::as_vector(&t));
+    let x = cx.g.convert(x, opmath(t.dtype));
+    let r = scan(cx, &[x], dim, &[ReduceKind::Max], |cx, a, b| {
+        let (hi, lo) = (cx.g.binary("stablehlo.maximum", a[0], b[0]), cx.g.binary("stablehlo.minimum", a[0], b[0]));
+        let d = cx.g.binary("stablehlo.subtract", lo, hi);
+        let e = cx.g.unary("stablehlo.exponential", d);
+        let l = cx.g.unary("stablehlo.log_plus_one", e);
+        let sum = cx.g.binary("stablehlo.add", hi, l);
+        let same = cx.g.compare("EQ", lo, hi);
+        // lo - lo is NaN exactly when lo is infinite (or NaN, which is never `same`).
+        let z = cx.g.binary("stablehlo.subtract", lo, lo);
+        let infinite = cx.g.compare("NE", z, z);
+        let special = cx.g.binary("stablehlo.and", same, infinite);
+        vec![cx.g.select(special, b[0], sum)]
+    });
+    let r = cx.g.convert(r[0], t.dtype);
+    Ok(vec![cx.g.reshape(r, t.sizes)])
 }
 
 /// `linalg.vector_norm`: `ord` picks the computation, so it is compile-time.

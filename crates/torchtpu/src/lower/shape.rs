@@ -55,13 +55,22 @@ fn triangle(cx: &mut Cx, lower: bool) -> Result<Vec<V>> {
         return Err(Error::runtime(format!("{name}: input tensor must have at least 2 dimensions")));
     }
     let x = cx.tensor("self")?;
-    let rows = cx.g.iota(DType::I64, t.sizes, rank - 2);
-    let cols = cx.g.iota(DType::I64, t.sizes, rank - 1);
+    let diagonal = cx.int("diagonal")?;
+    Ok(vec![keep_triangle(cx, x, lower, diagonal)])
+}
+
+/// The lower (or upper) triangle of each trailing matrix of `x`, from
+/// `diagonal` (0 is the main one) down (or up); zeros elsewhere.
+pub fn keep_triangle(cx: &mut Cx, x: V, lower: bool, diagonal: i64) -> V {
+    let ty = cx.g.ty(x).clone();
+    let rank = ty.rank();
+    let rows = cx.g.iota(DType::I64, &ty.shape, rank - 2);
+    let cols = cx.g.iota(DType::I64, &ty.shape, rank - 1);
     let offset = cx.g.binary("stablehlo.subtract", cols, rows);
-    let diagonal = cx.g.full(cx.int("diagonal")? as f64, DType::I64, t.sizes);
+    let diagonal = cx.g.full(diagonal as f64, DType::I64, &ty.shape);
     let keep = cx.g.compare(if lower { "LE" } else { "GE" }, offset, diagonal);
-    let zero = cx.g.full(0.0, t.dtype, t.sizes);
-    Ok(vec![cx.g.select(keep, x, zero)])
+    let zero = cx.g.full(0.0, ty.dtype, &ty.shape);
+    cx.g.select(keep, x, zero)
 }
 
 fn cat(cx: &mut Cx) -> Result<Vec<V>> {

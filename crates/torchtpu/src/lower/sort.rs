@@ -1,0 +1,165 @@
+//! Sorting and order statistics. Everything is one stable `sort` of the
+//! values with their positions; NaN sorts above every number, as on CPU.
+//! Equal values keep their order: CPU's indices where CPU sorts stably
+//! (`stable=True`); its unstable sort orders them arbitrarily.
+use super::elementwise::not_implemented;
+use super::index::as_vector;
+use super::{op, wrap_dim, Cx, Entry};
+use crate::dtype::DType;
+use crate::ensure;
+use crate::error::{Error, Result};
+use crate::ir::{ReduceKind, V};
+
+pub static ENTRIES: &[Entry] = &[
+    op("sort", sort),
+    op("topk", topk),
+    op("kthvalue", kthvalue),
+    op("median", |cx| median(cx, false)),
+    op("nanmedian", |cx| median(cx, true)),
+];
+
+/// `x` sorted along `dim`, and the i64 positions the values came from.
+pub fn sorted(cx: &mut Cx, x: V, dim: usize, descending: bool) -> (V, V) {
+    let shape = cx.g.ty(x).shape.clone();
+    let iota = cx.g.iota(DType::I64, &shape, dim);
+    let r = cx.g.sort(&[x, iota], dim, descending);
+    (r[0], r[1])
+}
+
+/// `self` read as at least 1-D, and the wrapped `dim`.
+fn operand(cx: &mut Cx) -> Result<(V, usize)> {
+    let t = cx.meta("self")?;
+    let dim = wrap_dim(cx.int("dim")?, t.sizes.len())?;
+    let x = cx.tensor("self")?;
+    Ok((cx.g.reshape(x, &as_vector(&t)), dim))
+}
+
+/// Values and indices shaped as `self` (a 0-dim self stays 0-dim).
+fn shaped(cx: &mut Cx, values: V, indices: V, sizes: &[i64]) -> Vec<V> {
+    vec![cx.g.reshape(values, sizes), cx.g.reshape(indices, sizes)]
+}
+
+fn sort(cx: &mut Cx) -> Result<Vec<V>> {
+    let t = cx.meta("self")?;
+    let (x, dim) = operand(cx)?;
+    let (v, i) = sorted(cx, x, dim, cx.bool("descending")?);
+    Ok(shaped(cx, v, i, t.sizes))
+}
+
+fn topk(cx: &mut Cx) -> Result<Vec<V>> {
+    let t = cx.meta("self")?;
+    let (x, dim) = operand(cx)?;
+    let k = cx.int("k")?;
+    let n = cx.g.ty(x).shape[dim];
+    ensure!(k >= 0 && k <= n, "selected index k out of range");
+    if t.dtype == DType::Bool {
+        return Err(Error::not_implemented("topk does not support bool dtypes on CPU"));
+    }
+    let (v, i) = sorted(cx, x, dim, cx.bool("largest")?);
+    let (v, i) = (cx.g.slice_dim(v, dim, 0, k, 1), cx.g.slice_dim(i, dim, 0, k, 1));
+    let mut sizes = as_vector(&t);
+    sizes[dim] = k;
+    let sizes = if t.sizes.is_empty() { vec![] } else { sizes };
+    Ok(shaped(cx, v, i, &sizes))
+}
+
+/// The element at position `k` along `dim` of values and indices; the
+/// dimension is kept as size 1 when `keepdim`, else removed.
+fn pick(cx: &mut Cx, v: V, i: V, dim: usize, k: i64, sizes: &[i64], keepdim: bool) -> Vec<V> {
+    let (v, i) = (cx.g.slice_dim(v, dim, k, k + 1, 1), cx.g.slice_dim(i, dim, k, k + 1, 1));
+    shaped(cx, v, i, &reduced(sizes, dim, keepdim))
+}
+
+fn kthvalue(cx: &mut Cx) -> Result<Vec<V>> {
+    let t = cx.meta("self")?;
+    let (x, dim) = operand(cx)?;
+    let k = cx.int("k")?;
+    let n = cx.g.ty(x).shape[dim];
+    ensure!(k >= 1 && k <= n, "kthvalue(): selected number k out of range for dimension {dim}");
+    // CPU copies a 0-dim self before looking at its dtype.
+    if t.dtype == DType::Bool && !t.sizes.is_empty() {
+        return Err(not_implemented("kthvalue_cpu", t.dtype));
+    }
+    let (v, i) = sorted(cx, x, dim, false);
+    Ok(pick(cx, v, i, dim, k - 1, t.sizes, cx.bool("keepdim")?))
+}
+
+/// median/nanmedian, over everything (value only) or along `dim`. The
+/// lower median; `median` gives the first NaN if any, `nanmedian` the median
+/// of the numbers (NaN when there are none).
+fn median(cx: &mut Cx, ignore_nan: bool) -> Result<Vec<V>> {
+    let t = cx.meta("self")?;
+    let all = !cx.has("dim");
+    if t.dtype == DType::Bool {
+        return Err(not_implemented(if all { "median_cpu" } else { "median_out" }, t.dtype));
+    }
+    let x = cx.tensor("self")?;
+    let (x, dim, sizes) = if all {
+        (cx.g.reshape(x, &[t.numel()]), 0, vec![])
+    } else {
+        let dim = wrap_dim(cx.int("dim")?, t.sizes.len())?;
+        (cx.g.reshape(x, &as_vector(&t)), dim, t.sizes.to_vec())
+    };
+    let shape = cx.g.ty(x).shape.clone();
+    let n = shape[dim];
+    ensure!(n > 0 || all, "median() cannot compute median for a dimension of size zero");
+    if n == 0 {
+        return Ok(vec![cx.g.full(f64::NAN, t.dtype, &[])]);
+    }
+    // Move `dim` last so each row's pick is a flat position.
+    let rank = shape.len();
+    let perm: Vec<i64> = (0..rank).filter(|&d| d != dim).chain([dim]).map(|d| d as i64).collect();
+    let x = cx.g.transpose(x, &perm);
+    let (v, i) = sorted(cx, x, rank - 1, false);
+    let numbers = cx.g.compare("EQ", x, x);
+    let numbers = cx.g.convert(numbers, DType::I64);
+    let m = cx.g.reduce(ReduceKind::Sum, numbers, &[rank - 1]);
+    let rows = cx.g.ty(m).shape.clone();
+    let c = |cx: &mut Cx, value: i64| cx.g.full(value as f64, DType::I64, &rows);
+    let (one, two) = (c(cx, 1), c(cx, 2));
+    let pos = if ignore_nan {
+        let zero = c(cx, 0);
+        let some = cx.g.compare("GT", m, zero);
+        let last = cx.g.binary("stablehlo.subtract", m, one);
+        let mid = cx.g.binary("stablehlo.divide", last, two);
+        cx.g.select(some, mid, zero)
+    } else {
+        let all_numbers = c(cx, n);
+        let nan = cx.g.compare("LT", m, all_numbers);
+        let mid = c(cx, (n - 1).max(0) / 2);
+        cx.g.select(nan, m, mid)
+    };
+    let total: i64 = rows.iter().product();
+    let width = c(cx, n);
+    let base = flat_rows(cx, &rows);
+    let base = cx.g.binary("stablehlo.multiply", base, width);
+    let at = cx.g.binary("stablehlo.add", base, pos);
+    let at = cx.g.reshape(at, &[total]);
+    let (vf, iflat) = (cx.g.reshape(v, &[total * n]), cx.g.reshape(i, &[total * n]));
+    let (v, i) = (cx.g.take(vf, at, 0), cx.g.take(iflat, at, 0));
+    if all {
+        return Ok(vec![cx.g.reshape(v, &[])]);
+    }
+    let out = reduced(&sizes, dim, cx.bool("keepdim")?);
+    Ok(shaped(cx, v, i, &out))
+}
+
+/// `sizes` without `dim`, or with it as 1 when `keepdim` (0-dim stays 0-dim).
+fn reduced(sizes: &[i64], dim: usize, keepdim: bool) -> Vec<i64> {
+    let mut out = sizes.to_vec();
+    if keepdim {
+        if let Some(s) = out.get_mut(dim) {
+            *s = 1;
+        }
+    } else if !out.is_empty() {
+        out.remove(dim);
+    }
+    out
+}
+
+/// Row numbers 0, 1, ... of an array of shape `rows`, in row-major order.
+fn flat_rows(cx: &mut Cx, rows: &[i64]) -> V {
+    let total: i64 = rows.iter().product();
+    let flat = cx.g.iota(DType::I64, &[total], 0);
+    cx.g.reshape(flat, rows)
+}
