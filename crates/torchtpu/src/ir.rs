@@ -73,6 +73,8 @@ pub enum Op {
     /// A scalar constant splat to the node's shape: f64 bits for floats, the
     /// integer itself otherwise.
     Const(i64),
+    /// A 1-D constant, element by element (bits as for `Const`).
+    Dense(Vec<i64>),
     Iota(i64),
     /// Elementwise StableHLO op with the same type in and out ("stablehlo.add").
     Elementwise(&'static str),
@@ -182,6 +184,12 @@ impl Graph {
     pub fn full(&mut self, value: f64, dtype: DType, shape: &[i64]) -> V {
         let bits = if dtype.is_float() { value.to_bits() as i64 } else { value as i64 };
         self.push(Op::Const(bits), vec![], Ty::new(dtype, shape))
+    }
+
+    /// A 1-D constant of `dtype` holding `values`.
+    pub fn constant(&mut self, values: &[f64], dtype: DType) -> V {
+        let bits = values.iter().map(|&v| if dtype.is_float() { v.to_bits() as i64 } else { v as i64 }).collect();
+        self.push(Op::Dense(bits), vec![], Ty::new(dtype, &[values.len() as i64]))
     }
 
     pub fn scalar(&mut self, value: f64, dtype: DType) -> V {
