@@ -98,7 +98,7 @@ fn log_sigmoid_forward(cx: &mut Cx) -> Result<Vec<V>> {
     Ok(vec![cx.g.convert(out, dtype), cx.g.convert(z, dtype)])
 }
 
-/// `g (x < 0 ? 1 - z / (1 + z) : z / (1 + z))` with `z = exp(-|x|)`
+/// `g (x < 0 ? 1 - s : s)` with `s = z / (1 + z)`, `z = exp(-|x|)`
 /// (recomputed: the buffer is one of CPU's, possibly empty elsewhere).
 fn log_sigmoid_backward(cx: &mut Cx) -> Result<Vec<V>> {
     let (v, dtype) = promoted(cx, &["grad_output", "self"])?;
@@ -112,8 +112,7 @@ fn log_sigmoid_backward(cx: &mut Cx) -> Result<Vec<V>> {
     let s = div(cx, z, z1);
     let negative = cx.g.compare("LT", x, zero);
     let oms = sub(cx, one, s);
-    let ns = cx.g.unary("stablehlo.negate", s);
-    let d = cx.g.select(negative, oms, ns);
+    let d = cx.g.select(negative, oms, s);
     let r = mul(cx, d, g);
     finish(cx, r, dtype)
 }
