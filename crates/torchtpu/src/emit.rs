@@ -140,7 +140,8 @@ impl Emitter<'_> {
         );
     }
 
-    fn constant(&mut self, name: &str, bits: i64, ty: &Ty) {
+    /// A splat (one element in `bits`) or a 1-D constant.
+    fn constant(&mut self, name: &str, bits: &[i64], ty: &Ty) {
         // f16/bf16 literals are written as f32 and converted, exactly.
         if matches!(ty.dtype, DType::F16 | DType::BF16) {
             let wide = Ty::new(DType::F32, &ty.shape);
@@ -153,8 +154,9 @@ impl Emitter<'_> {
             );
             return;
         }
-        let _ =
-            writeln!(self.out, "    {name} = stablehlo.constant dense<{}> : {}", literal(bits, ty.dtype), tensor(ty));
+        let values: Vec<String> = bits.iter().map(|&b| literal(b, ty.dtype)).collect();
+        let values = if let [one] = values.as_slice() { one.clone() } else { format!("[{}]", values.join(", ")) };
+        let _ = writeln!(self.out, "    {name} = stablehlo.constant dense<{values}> : {}", tensor(ty));
     }
 
     /// A two-argument region `^bb0(x, y): return op(x, y)`.
@@ -175,7 +177,11 @@ impl Emitter<'_> {
             Op::Param(_) => {}
             Op::Const(bits) => {
                 let ty = node.ty.clone();
-                self.constant(&format!("%v{v}"), *bits, &ty)
+                self.constant(&format!("%v{v}"), &[*bits], &ty)
+            }
+            Op::Dense(bits) => {
+                let (bits, ty) = (bits.clone(), node.ty.clone());
+                self.constant(&format!("%v{v}"), &bits, &ty)
             }
             Op::Iota(d) => self.line(v, "stablehlo.iota", &format!("iota_dimension = {d} : i64")),
             Op::Elementwise(op) => self.line(v, op, ""),
@@ -281,7 +287,7 @@ impl Emitter<'_> {
         let input = node.args[0];
         let dtype = node.ty.dtype;
         let init = format!("%i{v}");
-        self.constant(&init, reduce_init(kind, dtype), &Ty::new(dtype, &[]));
+        self.constant(&init, &[reduce_init(kind, dtype)], &Ty::new(dtype, &[]));
         let region = self.binary_region(v, Some(reduce_op(kind)), dtype);
         let _ = writeln!(
             self.out,
@@ -306,8 +312,8 @@ impl Emitter<'_> {
             tensor(&idx_ty)
         );
         let kind = if max { ReduceKind::Max } else { ReduceKind::Min };
-        self.constant(&format!("%iv{v}"), reduce_init(kind, dt), &Ty::new(dt, &[]));
-        self.constant(&format!("%ii{v}"), 0, &Ty::new(DType::I64, &[]));
+        self.constant(&format!("%iv{v}"), &[reduce_init(kind, dt)], &Ty::new(dt, &[]));
+        self.constant(&format!("%ii{v}"), &[0], &Ty::new(DType::I64, &[]));
         let (better, ct) = (if max { "GT" } else { "LT" }, compare_type(dt));
         let cmp =
             |name: &str, dir: &str, a: &str, b: &str, ty: &str, ct: &str| region_compare(v, name, dir, a, b, ty, ct);

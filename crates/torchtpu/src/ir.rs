@@ -73,6 +73,8 @@ pub enum Op {
     /// A scalar constant splat to the node's shape: f64 bits for floats, the
     /// integer itself otherwise.
     Const(i64),
+    /// A 1-D constant, element by element (bits as for `Const`).
+    Dense(Vec<i64>),
     Iota(i64),
     /// Elementwise StableHLO op with the same type in and out ("stablehlo.add").
     Elementwise(&'static str),
@@ -207,6 +209,12 @@ impl Graph {
     /// The identity of `kind` (a reduction's start value) splat to `shape`.
     pub fn identity(&mut self, kind: ReduceKind, dtype: DType, shape: &[i64]) -> V {
         self.push(Op::Const(crate::emit::reduce_init(kind, dtype)), vec![], Ty::new(dtype, shape))
+    }
+
+    /// A 1-D constant of `dtype` holding `values`.
+    pub fn constant(&mut self, values: &[f64], dtype: DType) -> V {
+        let bits = values.iter().map(|&v| if dtype.is_float() { v.to_bits() as i64 } else { v as i64 }).collect();
+        self.push(Op::Dense(bits), vec![], Ty::new(dtype, &[values.len() as i64]))
     }
 
     pub fn scalar(&mut self, value: f64, dtype: DType) -> V {

@@ -27,10 +27,14 @@ mod elementwise;
 mod factory;
 mod index;
 mod linalg;
+mod loss;
 mod nn;
 mod norm;
+mod pad;
+mod pool;
 mod random;
 mod reduce;
+mod resize;
 mod shape;
 mod sort;
 
@@ -78,10 +82,14 @@ fn table() -> impl Iterator<Item = &'static Entry> {
         factory::ENTRIES,
         index::ENTRIES,
         linalg::ENTRIES,
+        loss::ENTRIES,
         nn::ENTRIES,
         norm::ENTRIES,
+        pad::ENTRIES,
+        pool::ENTRIES,
         random::ENTRIES,
         reduce::ENTRIES,
+        resize::ENTRIES,
         shape::ENTRIES,
         sort::ENTRIES,
         COPY_ENTRIES,

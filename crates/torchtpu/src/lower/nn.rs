@@ -55,12 +55,12 @@ pub(super) fn mul(cx: &mut Cx, a: V, b: V) -> V {
     cx.g.binary("stablehlo.multiply", a, b)
 }
 
-fn div(cx: &mut Cx, a: V, b: V) -> V {
+pub(super) fn div(cx: &mut Cx, a: V, b: V) -> V {
     cx.g.binary("stablehlo.divide", a, b)
 }
 
 /// The runtime scalar argument `name`, splat to `like`'s type.
-fn scalar_as(cx: &mut Cx, name: &str, like: V) -> Result<V> {
+pub(super) fn scalar_as(cx: &mut Cx, name: &str, like: V) -> Result<V> {
     let ty = cx.g.ty(like).clone();
     Ok(cx.scalar_like(name, ty.dtype, &ty.shape)?.expect("required scalar argument"))
 }
@@ -429,13 +429,13 @@ fn softmax_backward(cx: &mut Cx, log: bool) -> Result<Vec<V>> {
 // ------------------------------------------------------------------ losses
 
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum Reduction {
+pub(super) enum Reduction {
     None,
     Mean,
     Sum,
 }
 
-fn reduction(cx: &Cx) -> Result<Reduction> {
+pub(super) fn reduction(cx: &Cx) -> Result<Reduction> {
     match cx.int("reduction")? {
         0 => Ok(Reduction::None),
         1 => Ok(Reduction::Mean),
@@ -681,24 +681,34 @@ fn mse_loss(cx: &mut Cx) -> Result<Vec<V>> {
     }
     let d = sub(cx, v[0], v[1]);
     let sq = mul(cx, d, d);
-    let shape = cx.g.ty(sq).shape.clone();
+    let r = reduce_loss(cx, sq)?;
+    finish(cx, r, dtype)
+}
+
+/// A pointwise loss reduced as the `reduction` argument says.
+pub(super) fn reduce_loss(cx: &mut Cx, loss: V) -> Result<V> {
+    let shape = cx.g.ty(loss).shape.clone();
     let all: Vec<usize> = (0..shape.len()).collect();
-    let r = match reduction(cx)? {
-        Reduction::None => sq,
-        Reduction::Sum => cx.g.reduce(ReduceKind::Sum, sq, &all),
+    Ok(match reduction(cx)? {
+        Reduction::None => loss,
+        Reduction::Sum => cx.g.reduce(ReduceKind::Sum, loss, &all),
         Reduction::Mean => {
-            let s = cx.g.reduce(ReduceKind::Sum, sq, &all);
+            let s = cx.g.reduce(ReduceKind::Sum, loss, &all);
             let n = full_like(cx, shape.iter().product::<i64>() as f64, s);
             div(cx, s, n)
         }
-    };
-    finish(cx, r, dtype)
+    })
+}
+
+/// The factor a pointwise loss's gradient carries: 1 / numel for mean.
+pub(super) fn loss_norm(cx: &Cx, numel: i64) -> Result<f64> {
+    Ok(if reduction(cx)? == Reduction::Mean { 1.0 / numel as f64 } else { 1.0 })
 }
 
 /// `norm (self - target) g` with norm 2 (2 / numel for mean), in self's dtype.
 fn mse_loss_backward(cx: &mut Cx) -> Result<Vec<V>> {
     let x = cx.meta("self")?;
-    let norm = if reduction(cx)? == Reduction::Mean { 2.0 / x.numel() as f64 } else { 2.0 };
+    let norm = 2.0 * loss_norm(cx, x.numel())?;
     let (v, _) = promoted(cx, &["grad_output", "self", "target"])?;
     let (g, input, target) = (v[0], v[1], v[2]);
     let d = sub(cx, input, target);

@@ -1,0 +1,268 @@
+//! Interpolation (`upsample_*`, what `F.interpolate` reaches) and the
+//! separable resampling it shares with reflection and replication padding.
+//!
+//! A resampling maps each output position of a dimension to a few input
+//! positions ("taps") with weights; dimensions are resampled one after the
+//! other, the last first, as CPU's kernels nest their interpolation. Source
+//! indices and weights are computed here on the host with CPU's formulas and
+//! arithmetic types (float32 for float32/bfloat16, double for float64), so
+//! they are exactly CPU's, and enter the program as constants. The backward
+//! operators scatter-add the weighted gradient to the same taps.
+use super::elementwise::{finish, not_implemented, opmath};
+use super::nn::{add, mul};
+use super::{op_consts, Cx, Entry};
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::ir::{ReduceKind, V};
+
+const SCALES: &[&str] = &["scales", "scales_d", "scales_h", "scales_w"];
+
+pub static ENTRIES: &[Entry] = &[
+    op_consts("upsample_nearest1d", |cx| upsample(cx, Mode::Nearest, 1), SCALES),
+    op_consts("upsample_nearest2d", |cx| upsample(cx, Mode::Nearest, 2), SCALES),
+    op_consts("upsample_nearest3d", |cx| upsample(cx, Mode::Nearest, 3), SCALES),
+    op_consts("_upsample_nearest_exact1d", |cx| upsample(cx, Mode::NearestExact, 1), SCALES),
+    op_consts("_upsample_nearest_exact2d", |cx| upsample(cx, Mode::NearestExact, 2), SCALES),
+    op_consts("_upsample_nearest_exact3d", |cx| upsample(cx, Mode::NearestExact, 3), SCALES),
+    op_consts("upsample_linear1d", |cx| upsample(cx, Mode::Linear, 1), SCALES),
+    op_consts("upsample_bilinear2d", |cx| upsample(cx, Mode::Linear, 2), SCALES),
+    op_consts("upsample_trilinear3d", |cx| upsample(cx, Mode::Linear, 3), SCALES),
+    op_consts("upsample_bicubic2d", |cx| upsample(cx, Mode::Cubic, 2), SCALES),
+    op_consts("upsample_nearest1d_backward", |cx| upsample_backward(cx, Mode::Nearest), SCALES),
+    op_consts("upsample_nearest2d_backward", |cx| upsample_backward(cx, Mode::Nearest), SCALES),
+    op_consts("upsample_nearest3d_backward", |cx| upsample_backward(cx, Mode::Nearest), SCALES),
+    op_consts("_upsample_nearest_exact1d_backward", |cx| upsample_backward(cx, Mode::NearestExact), SCALES),
+    op_consts("_upsample_nearest_exact2d_backward", |cx| upsample_backward(cx, Mode::NearestExact), SCALES),
+    op_consts("_upsample_nearest_exact3d_backward", |cx| upsample_backward(cx, Mode::NearestExact), SCALES),
+    op_consts("upsample_linear1d_backward", |cx| upsample_backward(cx, Mode::Linear), SCALES),
+    op_consts("upsample_bilinear2d_backward", |cx| upsample_backward(cx, Mode::Linear), SCALES),
+    op_consts("upsample_trilinear3d_backward", |cx| upsample_backward(cx, Mode::Linear), SCALES),
+    op_consts("upsample_bicubic2d_backward", |cx| upsample_backward(cx, Mode::Cubic), SCALES),
+];
+
+/// One tap of a dimension's resampling: for each output position, the
+/// input position it reads and its weight (None: weight 1).
+pub struct Tap {
+    pub index: Vec<i64>,
+    pub weight: Option<Vec<f64>>,
+}
+
+/// The resampling of one dimension from `input` positions: its taps.
+pub struct Resample {
+    pub dim: usize,
+    pub input: i64,
+    pub taps: Vec<Tap>,
+}
+
+/// `x` resampled along each dimension (in reverse order), in x's type.
+pub fn resample(cx: &mut Cx, x: V, dims: &[Resample]) -> V {
+    dims.iter().rev().fold(x, |x, r| {
+        let dtype = cx.g.ty(x).dtype;
+        let parts: Vec<V> = r
+            .taps
+            .iter()
+            .map(|t| {
+                let idx = cx.g.constant(&t.index.iter().map(|&i| i as f64).collect::<Vec<_>>(), DType::I64);
+                let v = cx.g.take(x, idx, r.dim);
+                weighted(cx, v, t, r.dim, dtype)
+            })
+            .collect();
+        parts.into_iter().reduce(|a, b| add(cx, a, b)).expect("a tap")
+    })
+}
+
+/// The adjoint of [`resample`]: `g` scattered back to the input positions.
+pub fn resample_backward(cx: &mut Cx, g: V, dims: &[Resample]) -> V {
+    dims.iter().fold(g, |g, r| {
+        let ty = cx.g.ty(g).clone();
+        let mut shape = ty.shape.clone();
+        shape[r.dim] = r.input;
+        let mut acc = cx.g.full(0.0, ty.dtype, &shape);
+        for t in &r.taps {
+            let idx = cx.g.constant(&t.index.iter().map(|&i| i as f64).collect::<Vec<_>>(), DType::I64);
+            let v = weighted(cx, g, t, r.dim, ty.dtype);
+            acc = cx.g.put(acc, idx, v, r.dim, Some(ReduceKind::Sum));
+        }
+        acc
+    })
+}
+
+/// `v` times the tap's weights along `dim`.
+fn weighted(cx: &mut Cx, v: V, t: &Tap, dim: usize, dtype: DType) -> V {
+    match &t.weight {
+        None => v,
+        Some(w) => {
+            let w = cx.g.constant(w, dtype);
+            let shape = cx.g.ty(v).shape.clone();
+            let w = cx.g.broadcast_in_dim(w, &shape, &[dim as i64]);
+            mul(cx, v, w)
+        }
+    }
+}
+
+// ------------------------------------------------------------------ upsample
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Nearest,
+    NearestExact,
+    Linear,
+    Cubic,
+}
+
+/// Host arithmetic in CPU's accumulation type: float32 unless double.
+fn round_acc(x: f64, double: bool) -> f64 {
+    if double {
+        x
+    } else {
+        x as f32 as f64
+    }
+}
+
+/// `compute_scales_value`: 1 / scale when given and positive, else in / out.
+fn scale_value(scale: Option<f64>, input: i64, output: i64, double: bool) -> f64 {
+    match scale {
+        Some(s) if s > 0.0 => round_acc(1.0 / s, double),
+        _ => round_acc(round_acc(input as f64, double) / output as f64, double),
+    }
+}
+
+/// `area_pixel_compute_scale` and `area_pixel_compute_source_index`: the
+/// fractional source position of each output position.
+fn source_positions(input: i64, output: i64, align: bool, scale: Option<f64>, cubic: bool, double: bool) -> Vec<f64> {
+    let r = |x: f64| round_acc(x, double);
+    let s = if align {
+        if output > 1 {
+            r(r((input - 1) as f64) / (output - 1) as f64)
+        } else {
+            0.0
+        }
+    } else {
+        scale_value(scale, input, output, double)
+    };
+    (0..output)
+        .map(|o| {
+            if align {
+                r(s * o as f64)
+            } else {
+                let src = r(r(s * r(o as f64 + 0.5)) - 0.5);
+                if !cubic && src < 0.0 {
+                    0.0
+                } else {
+                    src
+                }
+            }
+        })
+        .collect()
+}
+
+/// The cubic convolution weights (A = -0.75) of the 4 taps around `t`.
+fn cubic_weights(t: f64, double: bool) -> [f64; 4] {
+    let r = |x: f64| round_acc(x, double);
+    let a = -0.75;
+    let near = |x: f64| r(r(r(r(r((a + 2.0) * x) - (a + 3.0)) * x) * x) + 1.0);
+    let far = |x: f64| r(r(r(r(r(r(a * x) - 5.0 * a) * x) + 8.0 * a) * x) - 4.0 * a);
+    [far(r(t + 1.0)), near(t), near(r(1.0 - t)), far(r(r(1.0 - t) + 1.0))]
+}
+
+/// One dimension's taps, as CPU's upsample kernels compute them.
+fn taps(mode: Mode, input: i64, output: i64, align: bool, scale: Option<f64>, double: bool) -> Vec<Tap> {
+    match mode {
+        Mode::Nearest | Mode::NearestExact => {
+            // nearest_idx / nearest_exact_idx: the scale is a float.
+            let s = scale_value(scale, input, output, false);
+            let index = (0..output)
+                .map(|o| match mode {
+                    Mode::Nearest if output == input => o,
+                    Mode::Nearest if output == 2 * input => o >> 1,
+                    Mode::Nearest => ((o as f32 * s as f32).floor() as i64).min(input - 1),
+                    _ => (((o as f64 + 0.5) * s).floor() as i64).min(input - 1),
+                })
+                .collect();
+            vec![Tap { index, weight: None }]
+        }
+        Mode::Linear => {
+            let src = source_positions(input, output, align, scale, false, double);
+            let i0: Vec<i64> = src.iter().map(|&x| (x.floor() as i64).min(input - 1)).collect();
+            let l1: Vec<f64> =
+                src.iter().zip(&i0).map(|(&x, &i)| round_acc(x - i as f64, double).clamp(0.0, 1.0)).collect();
+            let i1 = i0.iter().map(|&i| if i < input - 1 { i + 1 } else { i }).collect();
+            let l0 = l1.iter().map(|&l| round_acc(1.0 - l, double)).collect();
+            vec![Tap { index: i0, weight: Some(l0) }, Tap { index: i1, weight: Some(l1) }]
+        }
+        Mode::Cubic => {
+            let src = source_positions(input, output, align, scale, true, double);
+            let floor: Vec<i64> = src.iter().map(|&x| x.floor() as i64).collect();
+            let w: Vec<[f64; 4]> =
+                src.iter().zip(&floor).map(|(&x, &f)| cubic_weights(round_acc(x - f as f64, double), double)).collect();
+            (0..4)
+                .map(|k| Tap {
+                    index: floor.iter().map(|&f| (f - 1 + k as i64).clamp(0, input - 1)).collect(),
+                    weight: Some(w.iter().map(|w| w[k]).collect()),
+                })
+                .collect()
+        }
+    }
+}
+
+/// The resampling of the last `d` dimensions from `input` to `output` sizes.
+fn upsample_plan(cx: &Cx, mode: Mode, input: &[i64], output: &[i64], dtype: DType) -> Result<Vec<Resample>> {
+    let d = output.len();
+    let lead = input.len() - d;
+    let names: &[&str] = match d {
+        1 => &["scales"],
+        2 => &["scales_h", "scales_w"],
+        _ => &["scales_d", "scales_h", "scales_w"],
+    };
+    let align = cx.has("align_corners") && cx.bool("align_corners")?;
+    let double = dtype == DType::F64;
+    (0..d)
+        .map(|i| {
+            let scale = if cx.is_none(names[i]) { None } else { Some(cx.const_f64(names[i])?) };
+            let (inp, out) = (input[lead + i], output[i]);
+            Ok(Resample { dim: lead + i, input: inp, taps: taps(mode, inp, out, align, scale, double) })
+        })
+        .collect()
+}
+
+/// Only nearest modes accept integer inputs (and uint8 only), as on CPU.
+fn check_dtype(mode: Mode, d: usize, dtype: DType) -> Result<()> {
+    let ok = dtype.is_float() || (dtype == DType::U8 && matches!(mode, Mode::Nearest | Mode::NearestExact));
+    if ok {
+        return Ok(());
+    }
+    let kernel = match (mode, d) {
+        (Mode::Nearest, _) => format!("upsample_nearest{d}d"),
+        (Mode::NearestExact, _) => format!("_upsample_nearest_exact{d}d"),
+        (Mode::Linear, 1) => "upsample_linear1d".into(),
+        (Mode::Linear, 2) => "upsample_bilinear2d_channels_first".into(),
+        (Mode::Linear, _) => "upsample_trilinear3d".into(),
+        (Mode::Cubic, _) => "upsample_bicubic2d".into(),
+    };
+    Err(not_implemented(&kernel, dtype))
+}
+
+fn upsample(cx: &mut Cx, mode: Mode, d: usize) -> Result<Vec<V>> {
+    let t = cx.meta("self")?;
+    check_dtype(mode, d, t.dtype)?;
+    let output = cx.ints("output_size")?;
+    if output.len() != d {
+        return Err(Error::runtime(format!("It is expected output_size equals to {d}, but got size {}", output.len())));
+    }
+    let ct = opmath(t.dtype);
+    let plan = upsample_plan(cx, mode, t.sizes, &output, t.dtype)?;
+    let x = cx.tensor("self")?;
+    let x = if ct.is_float() { cx.g.convert(x, ct) } else { x };
+    let r = resample(cx, x, &plan);
+    finish(cx, r, t.dtype)
+}
+
+fn upsample_backward(cx: &mut Cx, mode: Mode) -> Result<Vec<V>> {
+    let t = cx.meta("grad_output")?;
+    let (input, output) = (cx.ints("input_size")?, cx.ints("output_size")?);
+    let plan = upsample_plan(cx, mode, &input, &output, t.dtype)?;
+    let g = cx.tensor("grad_output")?;
+    let g = cx.g.convert(g, opmath(t.dtype));
+    let r = resample_backward(cx, g, &plan);
+    finish(cx, r, t.dtype)
+}
