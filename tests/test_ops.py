@@ -34,6 +34,7 @@ OPS = [
     "neg", "abs", "sign", "sgn", "floor", "ceil", "trunc", "round", "round.decimals_0",
     "round.decimals_3", "round.decimals_neg_3", "exp", "expm1", "log", "log1p", "log2", "log10",
     "sqrt", "rsqrt", "tanh", "sigmoid", "sin", "cos", "tan", "erf", "reciprocal",
+    "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh",
     # reductions
     "sum", "prod", "mean", "linalg.vector_norm", "amax", "amin", "max.reduction_no_dim", "max.reduction_with_dim",
     "min.reduction_no_dim", "min.reduction_with_dim", "argmax", "argmin", "all", "any",

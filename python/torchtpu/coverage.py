@@ -3,8 +3,8 @@
 Per OpInfo entry: whether tpu computes it (no sample fell back to CPU) or
 which ops fell back, and the conformance result per mode and dtype, read
 from the last sweep's results (`make conformance` writes
-build/conformance.json); then the core ATen operators (`torch.Tag.core`),
-lowered or not. `--markdown` writes the report as docs/COVERAGE.md's table.
+build/conformance.json); then the core ATen operators (`torch.Tag.core`)
+and how tpu runs each. `--markdown` writes the report as docs/COVERAGE.md's table.
 """
 import argparse
 import json
@@ -25,8 +25,24 @@ def is_lowered(name: str) -> bool:
 LOWERED = set(_C.lowered_ops())
 
 
+def how_tpu_runs(name: str, overload: str) -> str:
+    """"lowered" (the op table), "adapter" (a kernel of the C++ adapter:
+    views, allocation, copies), "composite" (PyTorch's device-generic kernel
+    calls other ops: views, factories, clone) or "CPU fallback"."""
+    if is_lowered(name):
+        return "lowered"
+    has = torch._C._dispatch_has_kernel_for_dispatch_key
+    qualified = f"aten::{name}" + (f".{overload}" if overload else "")
+    if has(qualified, "PrivateUse1"):
+        return "adapter"
+    if any(has(qualified, k) for k in ("CompositeExplicitAutograd", "CompositeExplicitAutogradNonFunctional",
+                                       "CompositeImplicitAutograd")):
+        return "composite"
+    return "CPU fallback"
+
+
 def core_aten_ops():
-    """{overload name: lowered} for the core ATen operators."""
+    """{overload name: how tpu runs it} for the core ATen operators."""
     found = {}
     for schema in torch._C._jit_get_all_schemas():
         namespace, _, name = schema.name.partition("::")
@@ -34,8 +50,13 @@ def core_aten_ops():
             continue
         overload = getattr(getattr(torch.ops.aten, name), schema.overload_name or "default")
         if torch.Tag.core in overload.tags:
-            found[str(overload).removeprefix("aten.")] = is_lowered(name)
+            found[str(overload).removeprefix("aten.")] = how_tpu_runs(name, schema.overload_name)
     return found
+
+
+def core_summary(core):
+    counts = {how: list(core.values()).count(how) for how in ("lowered", "adapter", "composite", "CPU fallback")}
+    return f"{len(core)}: " + ", ".join(f"{n} {how}" for how, n in counts.items())
 
 
 def entry_rows(results):
@@ -83,10 +104,9 @@ def markdown(results, core):
     for entry, fallbacks, cells in entry_rows(results):
         where = "lowered" if not fallbacks else "fallback: " + ", ".join(f.removeprefix("aten::") for f in fallbacks)
         lines.append(f"| `{entry}` | {where} | " + " | ".join(cells[m] for m in modes) + " |")
-    lowered = sum(core.values())
-    lines += ["", f"## Core ATen operators ({lowered} of {len(core)} lowered)", "",
-              "| operator | lowered |", "|---|---|"]
-    lines += [f"| `{name}` | {'yes' if ok else 'no'} |" for name, ok in sorted(core.items())]
+    lines += ["", f"## Core ATen operators ({core_summary(core)})", "",
+              "| operator | on tpu |", "|---|---|"]
+    lines += [f"| `{name}` | {how} |" for name, how in sorted(core.items())]
     return "\n".join(lines) + "\n"
 
 
@@ -95,23 +115,31 @@ def main(argv=None):
     p.add_argument("--results", default="build/conformance.json", help="the conformance sweep's results")
     p.add_argument("--markdown", metavar="PATH", help="write the report as Markdown to PATH")
     args = p.parse_args(argv)
-    with open(args.results) as f:
-        results = json.load(f)
     core = core_aten_ops()
+    try:
+        with open(args.results) as f:
+            results = json.load(f)
+    except FileNotFoundError:
+        if args.markdown:
+            p.error(f"no conformance results at {args.results}: run `make conformance` first, or pass --results")
+        print(f"(no conformance results at {args.results}: `make conformance` runs the sweep; "
+              "showing the core ATen operators only)")
+        results = None
     if args.markdown:
         with open(args.markdown, "w") as f:
             f.write(markdown(results, core))
         return
-    modes = results["modes"]
-    print(f"{'entry':40} {'tpu':10} " + " ".join(f"{m:6}" for m in modes)
-          + "   (dtypes: " + ", ".join(results["dtypes"]) + ")")
-    for entry, fallbacks, cells in entry_rows(results):
-        where = "lowered" if not fallbacks else "fallback"
-        print(f"{entry:40} {where:10} " + " ".join(f"{cells[m]:6}" for m in modes)
-              + (f"  {', '.join(fallbacks)}" if fallbacks else ""))
-    print(f"\ncore ATen operators: {sum(core.values())} of {len(core)} lowered")
-    for name, ok in sorted(core.items()):
-        print(f"  {name:50} {'lowered' if ok else 'CPU fallback'}")
+    if results:
+        modes = results["modes"]
+        print(f"{'entry':40} {'tpu':10} " + " ".join(f"{m:6}" for m in modes)
+              + "   (dtypes: " + ", ".join(results["dtypes"]) + ")")
+        for entry, fallbacks, cells in entry_rows(results):
+            where = "lowered" if not fallbacks else "fallback"
+            print(f"{entry:40} {where:10} " + " ".join(f"{cells[m]:6}" for m in modes)
+                  + (f"  {', '.join(fallbacks)}" if fallbacks else ""))
+    print(f"\ncore ATen operators: {core_summary(core)}")
+    for name, how in sorted(core.items()):
+        print(f"  {name:50} {how}")
 
 
 if __name__ == "__main__":

@@ -66,6 +66,16 @@ pub static ENTRIES: &[Entry] = &[
     op("cos", |cx| float_unary(cx, "stablehlo.cosine")),
     op("tan", |cx| float_unary(cx, "stablehlo.tan")),
     op("erf", |cx| float_unary(cx, "chlo.erf")),
+    // CHLO's inverse trigonometric and hyperbolic ops: XLA expands them with
+    // care for the ranges where the textbook formulas lose precision.
+    op("asin", |cx| float_unary(cx, "chlo.asin")),
+    op("acos", |cx| float_unary(cx, "chlo.acos")),
+    op("atan", |cx| float_unary(cx, "chlo.atan")),
+    op("sinh", |cx| float_unary(cx, "chlo.sinh")),
+    op("cosh", |cx| float_unary(cx, "chlo.cosh")),
+    op("asinh", |cx| float_unary(cx, "chlo.asinh")),
+    op("acosh", |cx| float_unary(cx, "chlo.acosh")),
+    op("atanh", |cx| float_unary(cx, "chlo.atanh")),
     op("reciprocal", reciprocal),
     op("where", where_),
     op("clamp", clamp),
