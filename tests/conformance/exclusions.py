@@ -87,7 +87,7 @@ def spectral_or_nuclear(s):
 
 EXCLUDED_SAMPLES = {
     "*": [(has_complex, "complex inputs: tpu has no complex dtypes")],
-    **{name: [UNSTABLE_TIES] for name in ("sort", "argsort", "topk", "kthvalue", "median", "nanmedian")},
+    **{name: [UNSTABLE_TIES] for name in ("sort", "argsort", "msort", "topk", "kthvalue", "median", "nanmedian")},
     "nn.functional.max_pool1d": [(lambda s: not s.input.is_floating_point(),
                                   "CPU runs max_pool1d without indices through a CPU-only kernel (max_pool1d_impl) "
                                   "that rejects integers; other devices use max_pool2d_with_indices, which takes them")],
