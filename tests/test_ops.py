@@ -191,21 +191,6 @@ def test_errors(request, name, mode):
             expect_same_error(cpu_error, call, op, copy_sample(s, "tpu"))
 
 
-def grads(op, sample):
-    """Gradients of the op's outputs (against fixed random cotangents) with
-    respect to the sample's tensors that require grad."""
-    inputs = [t for t in tree_leaves((sample.input, sample.args, sample.kwargs))
-              if isinstance(t, torch.Tensor) and t.requires_grad]
-    outputs = [t for t in tree_leaves(sample.output_process_fn_grad(call(op, sample)))
-               if isinstance(t, torch.Tensor) and t.requires_grad]
-    if not inputs or not outputs:
-        return None
-    gen = torch.Generator().manual_seed(0)
-    cotangents = [torch.randn(t.shape, generator=gen, dtype=t.dtype).to(t.device) for t in outputs]
-    found = torch.autograd.grad(outputs, inputs, cotangents, allow_unused=True)
-    return [torch.zeros_like(i) if g is None else g for g, i in zip(found, inputs)]
-
-
 @pytest.mark.parametrize("name", OPS)
 def test_grad(request, name, mode):
     mark_known_gap(request, name, "grad")
