@@ -92,6 +92,27 @@ def test_missing_plugin():
     assert after == "2.0"
 
 
+def test_memory_mapping_limit():
+    """Near the kernel's limit on memory mappings XLA's JIT fails and breaks
+    the unwinder's tables (the next exception crashed the process): loading
+    a program there is refused with a clear error instead."""
+    code = (
+        "import ctypes, mmap, os, torch, torchtpu\n"
+        "libc = ctypes.CDLL(None); libc.mmap.restype = ctypes.c_void_p\n"
+        "libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]\n"
+        "maps = lambda: sum(1 for _ in open(f'/proc/{os.getpid()}/maps'))\n"
+        "limit = int(open('/proc/sys/vm/max_map_count').read())\n"
+        "for i in range(limit - maps() - 40):  # alternate protections: regions never merge\n"
+        "    libc.mmap(None, 4096, 1 + 2 * (i % 2), mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, -1, 0)\n"
+        "try:\n    (torch.ones(5, device='tpu') * 3).cpu()\nexcept RuntimeError as e:\n    print(e)\n"
+        "try:\n    torch.ones(2) + torch.ones(3)\nexcept RuntimeError:\n    print('usable')\n"
+    )
+    out = run_python(code, TORCHTPU_CACHE_DIR="", TORCHTPU_MODE="strict")
+    message, after = out.stdout.strip().splitlines()
+    assert "memory mappings (vm.max_map_count)" in message and "raise the limit" in message, out.stdout
+    assert after == "usable"
+
+
 def test_bad_mode():
     with pytest.raises(ValueError, match="unknown mode 'fast'"):
         torchtpu.set_mode("fast")

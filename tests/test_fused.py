@@ -178,6 +178,31 @@ def test_cache_directory_stays_within_its_bound(tmp_path):
     assert sum(sizes) <= 1 << 20, sizes
 
 
+def test_loaded_programs_stay_within_their_bound(tmp_path):
+    """Each loaded executable holds memory mappings of its own: a process
+    that compiles without bound reaches the kernel's limit and crashes. An
+    evicted program comes back from the disk cache, not a compilation."""
+    out = run_script(tmp_path, """
+        import os, torch, torchtpu
+        maps = lambda: sum(1 for _ in open(f"/proc/{os.getpid()}/maps"))
+        def run(n):
+            with torchtpu.mode("strict"):
+                return (torch.arange(n, device="tpu") * 2 + 1).tolist()
+        for n in range(1, 21):
+            run(n)
+        before, compiled = maps(), torchtpu.metrics()["compilations"]
+        for n in range(21, 121):
+            assert run(n) == [2 * i + 1 for i in range(n)]
+        assert run(1) == [1] and run(2) == [1, 3]
+        m = torchtpu.metrics()
+        print(maps() - before, m["programs_evicted"], m["compilations"] - compiled, m["disk_cache_hits"])
+    """, TORCHTPU_MAX_PROGRAMS="16", TORCHTPU_CACHE_DIR=str(tmp_path / "cache"))
+    grown, evicted, compiled, disk_hits = map(int, out.stdout.split())
+    assert evicted >= 300 - 16 and compiled == 300, out.stdout  # 3 programs per n, run(1), run(2) from disk
+    assert disk_hits >= 6, out.stdout
+    assert grown < 100, out.stdout  # 300 programs unbounded: ~900 mappings
+
+
 def test_recompilation_is_explained_with_the_source_line(tmp_path):
     out = run_script(tmp_path, """
         import torch, torchtpu

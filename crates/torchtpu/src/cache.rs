@@ -7,9 +7,16 @@
 //! place) with a checksum; one that fails to verify or load is reported,
 //! recompiled and replaced, never trusted. The directory is kept under a size
 //! bound by evicting the least recently used entries.
+//!
+//! Loaded executables are bounded too: each keeps its JIT-compiled code in
+//! memory mappings of its own, and a process that reaches the kernel's limit
+//! on mappings (`vm.max_map_count`, 65530 by default) fails to compile, then
+//! crashes. The cache owns them; plans and fused traces hold weak references
+//! and come back here once theirs was evicted (a disk hit, not a compile).
 use std::collections::HashMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Instant, SystemTime};
 
@@ -20,11 +27,29 @@ use crate::{emit, runtime};
 
 pub struct Program {
     pub exe: pjrt::LoadedExecutable,
+    /// When it was last used, on the clock below: the least recent is evicted.
+    used: AtomicU64,
+}
+
+/// Counts uses of programs.
+static CLOCK: AtomicU64 = AtomicU64::new(0);
+
+impl Program {
+    /// Marks the program as just used.
+    pub fn touch(&self) {
+        self.used.store(CLOCK.fetch_add(1, Ordering::Relaxed), Ordering::Relaxed);
+    }
 }
 
 type Key = (u64, u64);
 
 static PROGRAMS: Mutex<Option<HashMap<Key, Arc<Program>>>> = Mutex::new(None);
+
+/// Loaded executables kept in memory (`TORCHTPU_MAX_PROGRAMS`).
+fn max_programs() -> usize {
+    static MAX: OnceLock<usize> = OnceLock::new();
+    *MAX.get_or_init(|| std::env::var("TORCHTPU_MAX_PROGRAMS").ok().and_then(|v| v.parse().ok()).unwrap_or(2048))
+}
 
 fn dump_dir() -> PathBuf {
     std::env::var_os("TORCHTPU_DUMP_DIR").map(PathBuf::from).unwrap_or_else(|| std::env::temp_dir().join("torchtpu"))
@@ -78,9 +103,11 @@ pub fn compile(graph: &Graph, what: &str) -> Result<Arc<Program>> {
     );
     if let Some(p) = PROGRAMS.lock().unwrap().get_or_insert_with(HashMap::new).get(&key) {
         bump(&METRICS.program_hits);
+        p.touch();
         return Ok(p.clone());
     }
     bump(&METRICS.program_misses);
+    make_room()?;
     let disk = disk();
     let exe = match disk.as_ref().and_then(|d| d.load(key, rt)) {
         Some(exe) => exe,
@@ -101,9 +128,55 @@ pub fn compile(graph: &Graph, what: &str) -> Result<Arc<Program>> {
             exe
         }
     };
-    let program = Arc::new(Program { exe });
-    PROGRAMS.lock().unwrap().get_or_insert_with(HashMap::new).insert(key, program.clone());
+    let program = Arc::new(Program { exe, used: AtomicU64::new(0) });
+    program.touch();
+    let mut guard = PROGRAMS.lock().unwrap();
+    let programs = guard.get_or_insert_with(HashMap::new);
+    programs.insert(key, program.clone());
+    evict_to(programs, max_programs());
     Ok(program)
+}
+
+/// Evicts the least recently used programs until `keep` stay loaded. Runs
+/// only after a miss, so a linear scan costs nothing.
+fn evict_to(programs: &mut HashMap<Key, Arc<Program>>, keep: usize) {
+    while programs.len() > keep {
+        let oldest = *programs.iter().min_by_key(|(_, p)| p.used.load(Ordering::Relaxed)).unwrap().0;
+        programs.remove(&oldest);
+        bump(&METRICS.programs_evicted);
+    }
+}
+
+/// Mappings kept free for loading one more program (XLA maps its code in a
+/// few regions; compiling maps thread stacks and arenas too).
+const MAPPING_HEADROOM: usize = 512;
+
+/// (mappings in use, the kernel's limit), where the kernel says.
+fn mappings() -> Option<(usize, usize)> {
+    static MAX: OnceLock<Option<usize>> = OnceLock::new();
+    let max = (*MAX.get_or_init(|| std::fs::read_to_string("/proc/sys/vm/max_map_count").ok()?.trim().parse().ok()))?;
+    let used = std::fs::read("/proc/self/maps").ok()?.iter().filter(|&&b| b == b'\n').count();
+    Some((used, max))
+}
+
+/// Before loading another executable: near the limit on mappings XLA's JIT
+/// fails and leaves the unwinder's frame tables broken, so that the next
+/// exception anywhere in the process crashes it. Sheds every loaded program
+/// there, and refuses with a clear error if that is not enough.
+fn make_room() -> Result<()> {
+    let near = |m: Option<(usize, usize)>| m.is_some_and(|(used, max)| used + MAPPING_HEADROOM > max);
+    if !near(mappings()) {
+        return Ok(());
+    }
+    evict_to(PROGRAMS.lock().unwrap().get_or_insert_with(HashMap::new), 0);
+    match mappings() {
+        Some((used, max)) if near(Some((used, max))) => Err(Error::runtime(format!(
+            "torchtpu: the process uses {used} of the kernel's {max} memory mappings (vm.max_map_count), too \
+             many for XLA to load another program; free what holds them, or raise the limit \
+             (sysctl -w vm.max_map_count=...)"
+        ))),
+        _ => Ok(()),
+    }
 }
 
 // ------------------------------------------------------------------ disk

@@ -3,7 +3,7 @@
 //! trace; program inputs; copies between views and the host.
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU8, Ordering};
-use std::sync::{Arc, LazyLock, Mutex, OnceLock, RwLock, Weak};
+use std::sync::{Arc, LazyLock, Mutex, RwLock, Weak};
 use std::time::Instant;
 
 use crate::args::{Arg, Tensor};
@@ -67,7 +67,8 @@ pub struct Plan {
     /// The tensor arguments' types, for explanations.
     arg_types: Vec<Ty>,
     pub graph: crate::ir::Graph,
-    program: OnceLock<Arc<Program>>,
+    /// Owned by the cache, which may evict it.
+    program: Mutex<Weak<Program>>,
     pub inputs: Vec<Input>,
     /// The op's defined results (the first `outputs.len()` graph outputs
     /// hold them flat).
@@ -81,11 +82,14 @@ pub struct Plan {
 
 impl Plan {
     fn program(&self) -> Result<Arc<Program>> {
-        if let Some(p) = self.program.get() {
-            return Ok(p.clone());
+        let mut slot = self.program.lock().unwrap();
+        if let Some(p) = slot.upgrade() {
+            p.touch();
+            return Ok(p);
         }
         let p = cache::compile(&self.graph, &self.name)?;
-        Ok(self.program.get_or_init(|| p).clone())
+        *slot = Arc::downgrade(&p);
+        Ok(p)
     }
 
     /// `aten::mm(f32[2, 3], f32[3, 4]) -> f32[2, 4]`, for explanations.
@@ -236,7 +240,7 @@ fn build(op: &OpDef, lower: lower::Lowering, args: &[Arg], device: usize, sizes:
             })
             .collect(),
         graph: g,
-        program: OnceLock::new(),
+        program: Mutex::new(Weak::new()),
         inputs: cx.inputs,
         outputs: logical,
         undefined,

@@ -19,6 +19,8 @@ pub struct Metrics {
     pub disk_corrupt: AtomicU64,
     pub fused_hits: AtomicU64,
     pub fused_misses: AtomicU64,
+    /// Loaded executables dropped from memory (the cache's bound).
+    pub programs_evicted: AtomicU64,
     /// Buffers donated to fused programs (updated in place).
     pub donated: AtomicU64,
     pub transfers_to_device: AtomicU64,
@@ -69,6 +71,7 @@ impl Metrics {
             ("disk_cache_corrupt", get(&self.disk_corrupt)),
             ("fused_cache_hits", get(&self.fused_hits)),
             ("fused_cache_misses", get(&self.fused_misses)),
+            ("programs_evicted", get(&self.programs_evicted)),
             ("donated_buffers", get(&self.donated)),
             ("transfers_to_device", get(&self.transfers_to_device)),
             ("transfers_to_host", get(&self.transfers_to_host)),
@@ -92,6 +95,7 @@ impl Metrics {
             &self.disk_corrupt,
             &self.fused_hits,
             &self.fused_misses,
+            &self.programs_evicted,
             &self.donated,
             &self.transfers_to_device,
             &self.transfers_to_host,

@@ -335,7 +335,8 @@ fn lower_trace(trace: &Trace, live: &[Arc<Pending>]) -> Lowered {
 /// was recorded from (for explaining the next miss).
 #[derive(Default)]
 struct Programs {
-    by_key: FxMap<(u64, u64), Arc<Program>>,
+    /// Owned by the cache, which may evict them.
+    by_key: FxMap<(u64, u64), Weak<Program>>,
     history: Vec<Vec<(Arc<Plan>, Option<String>)>>,
 }
 
@@ -353,9 +354,10 @@ fn program(trace: &Trace, g: &Graph) -> Result<Arc<Program>> {
     let key = structure_key(g);
     let mut guard = PROGRAMS.lock().unwrap();
     let programs = guard.get_or_insert_with(Programs::default);
-    if let Some(p) = programs.by_key.get(&key) {
+    if let Some(p) = programs.by_key.get(&key).and_then(Weak::upgrade) {
         bump(&METRICS.fused_hits);
-        return Ok(p.clone());
+        p.touch();
+        return Ok(p);
     }
     bump(&METRICS.fused_misses);
     let ops: Vec<(Arc<Plan>, Option<String>)> =
@@ -372,7 +374,8 @@ fn program(trace: &Trace, g: &Graph) -> Result<Arc<Program>> {
         }
     }
     let p = cache::compile(g, "fused program")?;
-    programs.by_key.insert(key, p.clone());
+    programs.by_key.retain(|_, p| p.strong_count() > 0);
+    programs.by_key.insert(key, Arc::downgrade(&p));
     if programs.history.len() >= 32 {
         programs.history.remove(0);
     }
