@@ -3,9 +3,10 @@
 //! position reads the reflected or clamped input position. (Constant padding
 //! is `constant_pad_nd`, a composite of `pad` and copies; circular padding a
 //! composite of slices and `cat`.)
-use super::elementwise::{finish, opmath};
+use super::elementwise::{finish, not_implemented, opmath};
 use super::resize::{resample, resample_backward, Resample, Tap};
 use super::{op, Cx, Entry};
+use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::ir::V;
 
@@ -64,6 +65,10 @@ fn plan(cx: &Cx, reflect: bool, sizes: &[i64]) -> Result<Vec<Resample>> {
 fn pad(cx: &mut Cx, reflect: bool) -> Result<Vec<V>> {
     let t = cx.meta("self")?;
     let plan = plan(cx, reflect, t.sizes)?;
+    if t.dtype == DType::Bool {
+        // CPU's kernels take every type but bool (its name is the op's).
+        return Err(not_implemented(cx.op.entry.name, t.dtype));
+    }
     let x = cx.tensor("self")?;
     Ok(vec![resample(cx, x, &plan)])
 }

@@ -19,12 +19,12 @@ use crate::ir::{dilated, Op, ReduceKind, Ty, V};
 pub static ENTRIES: &[Entry] = &[
     op("max_pool2d_with_indices", |cx| max_pool(cx, 2)),
     op("max_pool3d_with_indices", |cx| max_pool(cx, 3)),
-    op("max_pool2d_with_indices_backward", |cx| max_pool_backward(cx, 2)),
-    op("max_pool3d_with_indices_backward", |cx| max_pool_backward(cx, 3)),
+    op("max_pool2d_with_indices_backward", |cx| max_pool_backward(cx, "max_pool2d_backward", 2)),
+    op("max_pool3d_with_indices_backward", |cx| max_pool_backward(cx, "max_pool3d_backward", 3)),
     op("adaptive_max_pool2d", |cx| adaptive_max_pool(cx, 2)),
     op("adaptive_max_pool3d", |cx| adaptive_max_pool(cx, 3)),
-    op("adaptive_max_pool2d_backward", |cx| max_pool_backward(cx, 2)),
-    op("adaptive_max_pool3d_backward", |cx| max_pool_backward(cx, 3)),
+    op("adaptive_max_pool2d_backward", |cx| max_pool_backward(cx, "adaptive_max_pool2d_backward", 2)),
+    op("adaptive_max_pool3d_backward", |cx| max_pool_backward(cx, "adaptive_max_pool3d_backward", 3)),
     op("avg_pool2d", |cx| avg_pool(cx, 2)),
     op("avg_pool3d", |cx| avg_pool(cx, 3)),
     op("avg_pool2d_backward", |cx| avg_pool_backward(cx, 2)),
@@ -77,6 +77,21 @@ fn window(cx: &Cx, d: usize, sizes: &[i64]) -> Result<Window> {
         return Err(Error::runtime(format!("torchtpu: {}: bad window arguments", cx.op.name)));
     }
     let ceil = cx.bool("ceil_mode")?;
+    // pooling_output_shape's checks, in its order.
+    for i in 0..d {
+        if stride[i] == 0 {
+            return Err(Error::runtime("stride should not be zero"));
+        }
+        if pad[i] < 0 {
+            return Err(Error::runtime(format!("pad must be non-negative, but got pad: {}", pad[i])));
+        }
+        if pad[i] > ((kernel[i] - 1) * dilation[i] + 1) / 2 {
+            return Err(Error::runtime(format!(
+                "pad should be at most half of effective kernel size, but got pad={}, kernel_size={} and dilation={}",
+                pad[i], kernel[i], dilation[i]
+            )));
+        }
+    }
     let input = sizes[sizes.len() - d..].to_vec();
     let output = (0..d).map(|i| pooled_size(input[i], kernel[i], pad[i], stride[i], dilation[i], ceil)).collect();
     Ok(Window { kernel, stride, pad, dilation, input, output })
@@ -159,12 +174,75 @@ fn lowest(dtype: DType) -> f64 {
     }
 }
 
+/// PyTorch's `suggest_memory_format()` is channels-last (2d or 3d): CPU's
+/// max-pooling kernels run other loops there, named so in their errors.
+fn channels_last(sizes: &[i64], strides: &[i64]) -> bool {
+    let order: &[usize] = match sizes.len() {
+        4 => &[1, 3, 2, 0],
+        5 => &[1, 4, 3, 2, 0],
+        _ => return false,
+    };
+    if strides[1] == 0 {
+        return false;
+    }
+    let mut min = 0;
+    for &d in order {
+        // Ambiguous strides (size-1 dimensions) read as contiguous, as in c10.
+        if sizes[d] == 0 || strides[d] < min || (d == 0 && min == strides[1]) {
+            return false;
+        }
+        min = strides[d] * sizes[d].max(1);
+    }
+    true
+}
+
+/// CPU's "`kernel` not implemented for '`dtype`'" of a max-pooling kernel.
+fn max_pool_unsupported(kernel: &str, t: &crate::args::Tensor) -> Error {
+    let suffix = if channels_last(t.sizes, t.strides) { "_channels_last" } else { "" };
+    not_implemented(&format!("{kernel}{suffix}"), t.dtype)
+}
+
+/// CPU's checks of max_pool3d's arguments (max_pool2d's run in PyTorch's
+/// meta function, before us), in its order.
+fn check_max_pool3d(sizes: &[i64], w: &Window) -> Result<()> {
+    let err = |m: String| Err(Error::runtime(m));
+    if w.dilation.iter().any(|&x| x <= 0) {
+        let [t, h, w] = [w.dilation[0], w.dilation[1], w.dilation[2]];
+        return err(format!(
+            "dilation should be greater than zero, but got dilationT: {t} dilationH: {h} dilationW: {w}"
+        ));
+    }
+    let batch = (sizes.len() == 5) as usize;
+    if let Some(i) = (batch..sizes.len()).find(|&i| sizes[i] == 0) {
+        return err(format!(
+            "max_pool3d_with_indices_out_cpu_template(): Expected input to have non-zero size for non-batch \
+             dimensions, but input has sizes {sizes:?} with dimension {i} being empty"
+        ));
+    }
+    if w.output.iter().any(|&o| o < 1) {
+        let join = |v: &[i64]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>().join("x");
+        let planes = sizes[sizes.len() - 4];
+        return err(format!(
+            "Given input size: ({planes}x{}). Calculated output size: ({planes}x{}). Output size is too small",
+            join(&w.input),
+            join(&w.output)
+        ));
+    }
+    Ok(())
+}
+
 fn max_pool(cx: &mut Cx, d: usize) -> Result<Vec<V>> {
     let t = cx.meta("self")?;
-    if t.dtype == DType::Bool {
-        return Err(not_implemented(&format!("max_pool{d}d"), t.dtype));
+    if d == 3 && !matches!(t.sizes.len(), 4 | 5) {
+        return Err(Error::runtime("non-empty 4D or 5D (batch mode) tensor expected for input"));
     }
     let w = window(cx, d, t.sizes)?;
+    if d == 3 {
+        check_max_pool3d(t.sizes, &w)?;
+    }
+    if t.dtype == DType::Bool {
+        return Err(max_pool_unsupported(&format!("max_pool{d}d"), &t));
+    }
     let x = cx.tensor("self")?;
     let values = windows(cx, x, &w, lowest(t.dtype));
     let pos = positions(cx, &w.input);
@@ -175,8 +253,11 @@ fn max_pool(cx: &mut Cx, d: usize) -> Result<Vec<V>> {
 
 /// The gradient of max pooling (fixed or adaptive): grad_output added at
 /// the positions `indices` names within each input plane.
-fn max_pool_backward(cx: &mut Cx, d: usize) -> Result<Vec<V>> {
+fn max_pool_backward(cx: &mut Cx, kernel: &str, d: usize) -> Result<Vec<V>> {
     let (t, gt) = (cx.meta("self")?, cx.meta("grad_output")?);
+    if !t.dtype.is_float() {
+        return Err(max_pool_unsupported(kernel, &t));
+    }
     let lead = t.sizes.len() - d;
     let planes: i64 = t.sizes[..lead].iter().product();
     let plane: i64 = t.sizes[lead..].iter().product();
@@ -235,6 +316,10 @@ fn avg_divisor(cx: &mut Cx, w: &Window, shape: &[i64], dtype: DType) -> Result<V
 
 fn avg_pool(cx: &mut Cx, d: usize) -> Result<Vec<V>> {
     let t = cx.meta("self")?;
+    // CPU's 3-d kernel takes floating types (but reduced ones) and int64.
+    if d == 3 && matches!(t.dtype, DType::Bool | DType::BF16 | DType::F16) {
+        return Err(not_implemented("avg_pool3d_out_frame", t.dtype));
+    }
     if t.dtype == DType::Bool {
         return Err(not_implemented(&format!("avg_pool{d}d"), t.dtype));
     }
@@ -358,8 +443,10 @@ fn adaptive_avg_pool(cx: &mut Cx, d: usize) -> Result<Vec<V>> {
     let t = cx.meta("self")?;
     let output = cx.ints("output_size")?;
     check_adaptive(d, t.sizes, &output)?;
-    if !t.dtype.is_float() {
-        return Err(not_implemented(&format!("adaptive_avg_pool{d}d"), t.dtype));
+    // CPU returns an empty input's empty result before dispatching on its type.
+    if !t.dtype.is_float() && t.numel() > 0 {
+        let kernel = if d == 3 { "adaptive_avg_pool3d_cpu".into() } else { format!("adaptive_avg_pool{d}d") };
+        return Err(not_implemented(&kernel, t.dtype));
     }
     let ct = opmath(t.dtype);
     let lead = t.sizes.len() - d;
@@ -419,7 +506,9 @@ fn adaptive_max_pool(cx: &mut Cx, d: usize) -> Result<Vec<V>> {
     let t = cx.meta("self")?;
     let output = cx.ints("output_size")?;
     if !t.dtype.is_float() {
-        return Err(not_implemented(&format!("adaptive_max_pool{d}d"), t.dtype));
+        // CPU's 3-d kernel carries a suffix of its own.
+        let kernel = if d == 3 { "adaptive_max_pool3d_cpu".into() } else { format!("adaptive_max_pool{d}d") };
+        return Err(max_pool_unsupported(&kernel, &t));
     }
     let input = t.sizes[t.sizes.len() - d..].to_vec();
     let x = cx.tensor("self")?;
