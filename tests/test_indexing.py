@@ -90,8 +90,22 @@ def test_out_of_range_indices_raise_cpus_errors(mode):
         synced(lambda: x.index_put_((torch.tensor([4], device="tpu"),), torch.tensor(1.0, device="tpu")))
     with pytest.raises(IndexError, match=r"The shape of the mask \[3\] at index 0 does not match"):
         synced(lambda: x[torch.tensor([True, False, True], device="tpu")])
+    with pytest.raises(IndexError, match="index is out of bounds for dimension with size 0"):
+        synced(lambda: torch.empty(0, device="tpu").index_put_((torch.tensor([0], device="tpu"),),
+                                                               torch.tensor([1.0], device="tpu")))
     # The process stays usable.
     torch.testing.assert_close((x + 1).cpu(), torch.ones(4, 3))
+
+
+def test_empty_dimensions_are_gathered_and_scattered(mode, seeded_without_fallbacks):
+    """XLA rejects a gather or scatter slicing an empty dimension: nothing is
+    read or written there (combinations of fewer elements than r, or with
+    replacement, index such tensors)."""
+    for n, r, replace in [(0, 2, False), (1, 2, False), (1, 3, True), (2, 3, True), (3, 2, False)]:
+        same(lambda x: torch.combinations(x, r, replace), torch.arange(float(n)))
+    same(lambda x, i: x[i], torch.empty(0, 3), torch.empty(0, dtype=torch.long))
+    same(lambda x, i: x.index_put((i,), torch.ones(0, 3), accumulate=True), torch.empty(0, 3),
+         torch.empty(0, dtype=torch.long))
 
 
 def test_unstable_sorts_with_ties_give_consistent_indices(mode, seeded_without_fallbacks):

@@ -47,7 +47,7 @@ OPS = [
     "scatter", "scatter_add", "scatter_reduce.sum", "scatter_reduce.prod", "scatter_reduce.mean",
     "scatter_reduce.amax", "scatter_reduce.amin", "index_reduce.prod", "index_reduce.mean", "index_reduce.amax",
     "index_reduce.amin", "index_fill", "__getitem__", "index_put", "nonzero", "argwhere",
-    "masked_select", "masked_scatter", "fill", "zero_", "zeros", "ones", "full",
+    "masked_select", "masked_scatter", "combinations", "nonzero_static", "fill", "zero_", "zeros", "ones", "full",
     "zeros_like", "ones_like", "full_like", "new_zeros", "new_ones", "new_full", "arange",
     "tril", "triu", "isposinf", "isneginf",
     # sorting and order statistics

@@ -27,7 +27,6 @@ KNOWN_FAILURES = {
         "nn.functional.adaptive_avg_pool2d", "nn.functional.adaptive_avg_pool3d", "nn.functional.avg_pool1d",
         "nn.functional.avg_pool2d", "nn.functional.max_pool2d", "nn.functional.interpolate.area",
         "nn.functional.interpolate.trilinear", "nn.functional.pad.replicate_negative"]},
-    "combinations": "bug: index.Tensor on a zero-size operand (combinations of one element) emits a gather XLA rejects",
     ("nn.functional.scaled_dot_product_attention", "bfloat16"):
         "awaiting lowering (SDPA): tpu runs the math decomposition, rounding to bfloat16 where CPU's fused kernel does not",
     "tensor_split": "tensor_indices_or_sections must be a CPU tensor (as on CUDA); the sample moves it to tpu",

@@ -399,6 +399,12 @@ impl Graph {
         shape.extend(&self.ty(indices).shape);
         shape.extend(&t.shape[axis + 1..]);
         let dtype = t.dtype;
+        if t.shape[axis] == 0 {
+            // Nothing to read (XLA rejects a gather's slice of an empty
+            // dimension): the result is empty, or every index out of range,
+            // which the caller's checks report.
+            return self.full(0.0, dtype, &shape);
+        }
         self.push(Op::Take { axis: axis as i64 }, vec![a, indices], Ty::new(dtype, &shape))
     }
 
@@ -407,6 +413,9 @@ impl Graph {
     /// or overwriting.
     pub fn put(&mut self, a: V, indices: V, updates: V, axis: usize, combine: Option<ReduceKind>) -> V {
         let ty = self.ty(a).clone();
+        if ty.shape[axis] == 0 {
+            return a; // nowhere to write, as in `take`
+        }
         self.push(Op::Put { axis: axis as i64, combine }, vec![a, indices, updates], ty)
     }
 

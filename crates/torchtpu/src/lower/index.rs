@@ -25,6 +25,7 @@ pub static ENTRIES: &[Entry] = &[
     op_measured("index_put", index_put, index_measure),
     op_measured("_index_put_impl", index_put, index_measure),
     op_measured("nonzero", nonzero, nonzero_measure),
+    op("nonzero_static", nonzero_static),
     op_measured("masked_select", masked_select, masked_measure),
     op("masked_scatter", masked_scatter),
 ];
@@ -513,6 +514,34 @@ fn nonzero(cx: &mut Cx) -> Result<Vec<V>> {
     Ok(vec![cx.g.concatenate(&columns, 1)])
 }
 
+/// `nonzero` cut or padded to `size` rows (`fill_value` in the rows past
+/// the count): a static shape, so nothing is measured.
+fn nonzero_static(cx: &mut Cx) -> Result<Vec<V>> {
+    let t = cx.meta("self")?;
+    let (size, fill) = (cx.int("size")?, cx.int("fill_value")?);
+    if size < 0 {
+        return Err(Error::runtime("nonzero_static: 'size' must be an non-negative integer"));
+    }
+    let rank = t.sizes.len() as i64;
+    if size == 0 || rank == 0 || t.numel() == 0 {
+        let value = if rank == 0 { 0.0 } else { fill as f64 };
+        return Ok(vec![cx.g.full(value, DType::I64, &[size, rank])]);
+    }
+    let (mask, sizes) = nonzero_mask(cx)?;
+    let m = size.min(t.numel());
+    let pos = true_positions(cx, mask, m);
+    let columns: Vec<V> = coordinates(cx, pos, &sizes).into_iter().map(|c| cx.g.reshape(c, &[m, 1])).collect();
+    let coords = cx.g.concatenate(&columns, 1);
+    let count = count_true(cx, mask);
+    let count = cx.g.broadcast_to(count, &[m, rank]);
+    let row = cx.g.iota(DType::I64, &[m, rank], 0);
+    let found = cx.g.compare("LT", row, count);
+    let fills = cx.g.full(fill as f64, DType::I64, &[m, rank]);
+    let coords = cx.g.select(found, coords, fills);
+    let fill = cx.g.scalar(fill as f64, DType::I64);
+    Ok(vec![cx.g.pad(coords, fill, &[0, 0], &[size - m, 0], &[0, 0])])
+}
+
 /// self and mask broadcast together, flat.
 fn masked_operands(cx: &mut Cx) -> Result<(V, V)> {
     let (t, m) = (cx.meta("self")?, cx.meta("mask")?);
@@ -651,7 +680,12 @@ fn advanced(cx: &mut Cx, t: &Tensor) -> Result<Advanced> {
     for (i, v) in indices.iter_mut().enumerate() {
         let size = t.sizes[dims[i]];
         if !in_range[i] {
-            let message = format!("index {{}} is out of bounds for dimension {i} with size {size}");
+            // CPU names neither index nor dimension when the dimension is empty.
+            let message = if size == 0 {
+                "index is out of bounds for dimension with size 0".to_string()
+            } else {
+                format!("index {{}} is out of bounds for dimension {i} with size {size}")
+            };
             *v = checked_indices(cx, *v, size, true, Kind::Index, message);
         }
         *v = cx.g.broadcast_to(*v, &shape);
