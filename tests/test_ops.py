@@ -88,12 +88,6 @@ KNOWN_GAPS = {
     ("masked_select", "errors"): "adapter: out= aliasing an input gets the broadcast-shape error; CPU raises its overlap error first",
     ("kthvalue", "errors"): "adapter: out= aliasing an input gets the broadcast-shape error; CPU raises its overlap error first",
     # (entry, check, dtype): only that dtype.
-    **{(name, "values", dtype): "the error for an unsupported dtype names the op; CPU's names the internal kernel "
-       "its layout and output size pick (compute_indices_weights_*, upsample_*_channels_last)"
-       for name in ["nn.functional.upsample_nearest", "nn.functional.upsample_bilinear",
-                    *(f"nn.functional.interpolate.{m}" for m in
-                      ("nearest", "nearest-exact", "linear", "bilinear", "bicubic", "trilinear"))]
-       for dtype in ("int64", "bool")},
     **{(name, "values", "bfloat16"): BFLOAT16_ROUNDING
        for name in ["nn.functional.interpolate.trilinear", "nn.functional.interpolate.bicubic",
                     "nn.functional.interpolate.area", "nn.functional.adaptive_avg_pool3d"]},

@@ -11,6 +11,7 @@
 use super::elementwise::{finish, not_implemented, opmath};
 use super::nn::{add, mul};
 use super::{op_consts, Cx, Entry};
+use crate::args::Tensor;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::ir::{ReduceKind, V};
@@ -225,30 +226,57 @@ fn upsample_plan(cx: &Cx, mode: Mode, input: &[i64], output: &[i64], dtype: DTyp
         .collect()
 }
 
+/// `is_contiguous(memory_format=channels_last{,_3d})` of a 4-d or 5-d
+/// tensor (size-1 dimensions take any stride, as in c10).
+fn channels_last_contiguous(sizes: &[i64], strides: &[i64]) -> bool {
+    let order: &[usize] = match sizes.len() {
+        4 => &[1, 3, 2, 0],
+        5 => &[1, 4, 3, 2, 0],
+        _ => return false,
+    };
+    let mut expected = 1;
+    for &d in order {
+        if sizes[d] != 1 {
+            if strides[d] != expected {
+                return false;
+            }
+            expected *= sizes[d];
+        }
+    }
+    true
+}
+
 /// Only nearest modes accept integer inputs (and uint8 only), as on CPU.
-fn check_dtype(mode: Mode, d: usize, dtype: DType) -> Result<()> {
-    let ok = dtype.is_float() || (dtype == DType::U8 && matches!(mode, Mode::Nearest | Mode::NearestExact));
+/// Its error names the kernel it picks: a channels-last one for 2-d and
+/// 3-d nearest and (bi/tri)linear modes on channels-last inputs of more
+/// than 3 channels, and for 2-d outputs of at most 128 rows plus columns;
+/// otherwise the generic one, which fails computing its indices.
+fn check_dtype(mode: Mode, t: &Tensor, output: &[i64]) -> Result<()> {
+    let ok = t.dtype.is_float() || (t.dtype == DType::U8 && matches!(mode, Mode::Nearest | Mode::NearestExact));
     if ok {
         return Ok(());
     }
+    let d = output.len();
+    let channels_last = (channels_last_contiguous(t.sizes, t.strides) && t.sizes[1] > 3)
+        || (d == 2 && output.iter().sum::<i64>() <= 128);
     let kernel = match (mode, d) {
-        (Mode::Nearest, _) => format!("upsample_nearest{d}d"),
-        (Mode::NearestExact, _) => format!("_upsample_nearest_exact{d}d"),
-        (Mode::Linear, 1) => "upsample_linear1d".into(),
-        (Mode::Linear, 2) => "upsample_bilinear2d_channels_first".into(),
-        (Mode::Linear, _) => "upsample_trilinear3d".into(),
-        (Mode::Cubic, _) => "upsample_bicubic2d".into(),
+        (Mode::Nearest | Mode::NearestExact, 2 | 3) if channels_last => format!("upsample_nearest{d}d_channels_last"),
+        (Mode::Linear, 2) if channels_last => "upsample_bilinear2d_channels_last".into(),
+        (Mode::Linear, 3) if channels_last => "upsample_trilinear3d_channels_last".into(),
+        (Mode::Nearest | Mode::NearestExact, _) => "compute_indices_weights_nearest".into(),
+        (Mode::Linear, _) => "compute_indices_weights_linear".into(),
+        (Mode::Cubic, _) => "compute_indices_weights_cubic".into(),
     };
-    Err(not_implemented(&kernel, dtype))
+    Err(not_implemented(&kernel, t.dtype))
 }
 
 fn upsample(cx: &mut Cx, mode: Mode, d: usize) -> Result<Vec<V>> {
     let t = cx.meta("self")?;
-    check_dtype(mode, d, t.dtype)?;
     let output = cx.ints("output_size")?;
     if output.len() != d {
         return Err(Error::runtime(format!("It is expected output_size equals to {d}, but got size {}", output.len())));
     }
+    check_dtype(mode, &t, &output)?;
     let ct = opmath(t.dtype);
     let plan = upsample_plan(cx, mode, t.sizes, &output, t.dtype)?;
     let x = cx.tensor("self")?;
