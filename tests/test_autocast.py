@@ -29,6 +29,13 @@ def test_autocast_matches_cpu(mode, seeded_without_fallbacks):
         torch.testing.assert_close(actual, expected, atol=1e-2, rtol=1.6e-2)
 
 
+def test_default_dtype_is_bfloat16_as_on_cpu():
+    assert torch.get_autocast_dtype("tpu") == torch.get_autocast_dtype("cpu") == torch.bfloat16
+    with torch.autocast(device_type="tpu"):
+        a = torch.randn(4, 4, device="tpu")
+        assert (a @ a).dtype == torch.bfloat16
+
+
 def test_autocast_off_outside_the_context(mode):
     a = torch.randn(4, 4, device="tpu")
     with torch.autocast(device_type="tpu", dtype=torch.bfloat16):

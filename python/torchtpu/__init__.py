@@ -28,6 +28,10 @@ from . import device as _device_module  # noqa: E402
 torch.utils.rename_privateuse1_backend("tpu")
 torch._register_device_module("tpu", _device_module)
 torch.utils.generate_methods_for_privateuse1_backend(for_storage=True)
+# torch.autocast("tpu") without a dtype uses bfloat16, as on CPU (PyTorch's
+# default for PrivateUse1 is float16). The setting is per thread in PyTorch:
+# threads other than the importing one keep float16 unless they set it.
+torch.set_autocast_dtype("tpu", torch.bfloat16)
 
 
 def set_mode(mode: str) -> None:
