@@ -47,7 +47,7 @@ OPS = [
     "scatter", "scatter_add", "scatter_reduce.sum", "scatter_reduce.prod", "scatter_reduce.mean",
     "scatter_reduce.amax", "scatter_reduce.amin", "index_reduce.prod", "index_reduce.mean", "index_reduce.amax",
     "index_reduce.amin", "index_fill", "__getitem__", "index_put", "nonzero", "argwhere",
-    "masked_select", "masked_scatter", "combinations", "nonzero_static", "fill", "zero_", "zeros", "ones", "full",
+    "masked_select", "masked_scatter", "combinations", "nonzero_static", "unique", "fill", "zero_", "zeros", "ones", "full",
     "zeros_like", "ones_like", "full_like", "new_zeros", "new_ones", "new_full", "arange",
     "tril", "triu", "isposinf", "isneginf",
     # sorting and order statistics
@@ -75,9 +75,7 @@ OPS = [
 ]
 
 # (entry, check) -> CPU fallbacks that check accepts: (op names, why).
-ALLOWED_FALLBACKS = {
-    ("index_fill", "grad"): ({"aten::_unique"}, "the gradient deduplicates the index with unique, not lowered yet"),
-}
+ALLOWED_FALLBACKS = {}
 
 # Known bugs outside the lowerings, each failing at least one sample:
 # (entry or view case, check) -> what is missing. Expected failures, strict

@@ -261,7 +261,7 @@ impl Emitter<'_> {
             }
             Op::Take { axis } => self.take(v, *axis),
             Op::Put { axis, combine } => self.put(v, *axis, *combine),
-            Op::Sort { dim, descending, .. } => self.sort(v, *dim, *descending),
+            Op::Sort { dim, descending, keys, .. } => self.sort(v, *dim, *descending, *keys),
             Op::Cholesky { lower } => self.line(v, "stablehlo.cholesky", &format!("lower = {lower}")),
             Op::TriangularSolve { left, lower, unit_diagonal, transpose } => {
                 let t = if *transpose { "TRANSPOSE" } else { "NO_TRANSPOSE" };
@@ -372,23 +372,48 @@ impl Emitter<'_> {
 
     /// A sort whose comparator orders by the first operand: `<` (or `>`),
     /// with NaN above every number.
-    fn sort(&mut self, v: V, dim: i64, descending: bool) {
+    fn sort(&mut self, v: V, dim: i64, descending: bool, keys: usize) {
         let node = &self.g.nodes[v];
-        let first = self.g.ty(node.args[0]).dtype;
-        let (s, ct) = (scalar(first), compare_type(first));
-        let cmp = |name: &str, dir: &str, a: &str, b: &str| region_compare(v, name, dir, a, b, &s, ct);
         let bool2 = |name: &str, op: &str, a: &str, b: &str| region_bool(v, name, op, a, b);
-        let mut body = cmp("c", if descending { "GT" } else { "LT" }, "p0_", "q0_");
-        let mut result = "c";
-        if first.is_float() {
-            // Ascending: a < b or (b is NaN and a is not); descending: a > b or (a is NaN and b is not).
-            body += &cmp("pn", "NE", "p0_", "p0_");
-            body += &cmp("qn", "NE", "q0_", "q0_");
-            let (nan, number) = if descending { ("pn", "qn") } else { ("qn", "pn") };
-            body += &format!("      %nn{v} = \"stablehlo.not\"(%{number}{v}) : (tensor<i1>) -> tensor<i1>\n");
-            body += &bool2("un", "and", nan, "nn");
-            body += &bool2("r", "or", "c", "un");
-            result = "r";
+        let mut body = String::new();
+        // Per key: whether p goes before q, and (but the last) whether they tie.
+        let (mut before, mut tie) = (Vec::new(), Vec::new());
+        for k in 0..keys {
+            let dtype = self.g.ty(node.args[k]).dtype;
+            let (s, ct) = (scalar(dtype), compare_type(dtype));
+            let cmp = |name: &str, dir: &str, a: &str, b: &str| region_compare(v, name, dir, a, b, &s, ct);
+            let (p, q, n) = (format!("p{k}_"), format!("q{k}_"), |x: &str| format!("{x}{k}_"));
+            body += &cmp(&n("c"), if descending { "GT" } else { "LT" }, &p, &q);
+            let mut first = n("c");
+            if dtype.is_float() {
+                // Ascending: a < b or (b is NaN and a is not); descending: a > b or (a is NaN and b is not).
+                body += &cmp(&n("pn"), "NE", &p, &p);
+                body += &cmp(&n("qn"), "NE", &q, &q);
+                let (nan, number) = if descending { (n("pn"), n("qn")) } else { (n("qn"), n("pn")) };
+                body +=
+                    &format!("      %{}{v} = \"stablehlo.not\"(%{number}{v}) : (tensor<i1>) -> tensor<i1>\n", n("nn"));
+                body += &bool2(&n("un"), "and", &nan, &n("nn"));
+                body += &bool2(&n("r"), "or", &n("c"), &n("un"));
+                first = n("r");
+            }
+            before.push(first);
+            if k + 1 < keys {
+                body += &cmp(&n("e"), "EQ", &p, &q);
+                let mut same = n("e");
+                if dtype.is_float() {
+                    body += &bool2(&n("bn"), "and", &n("pn"), &n("qn"));
+                    body += &bool2(&n("s"), "or", &n("e"), &n("bn"));
+                    same = n("s");
+                }
+                tie.push(same);
+            }
+        }
+        // before(0) or (tie(0) and (before(1) or (tie(1) and ...))).
+        let mut result = before[keys - 1].clone();
+        for k in (0..keys - 1).rev() {
+            body += &bool2(&format!("a{k}_"), "and", &tie[k], &result);
+            body += &bool2(&format!("o{k}_"), "or", &before[k], &format!("a{k}_"));
+            result = format!("o{k}_");
         }
         body += &format!("      \"stablehlo.return\"(%{result}{v}) : (tensor<i1>) -> ()\n");
         let block: Vec<String> = node

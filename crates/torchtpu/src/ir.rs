@@ -125,12 +125,13 @@ pub enum Op {
         axis: i64,
         combine: Option<ReduceKind>,
     },
-    /// Sorts all operands (same shape) along `dim` by the first, stably;
-    /// the node is sorted operand `result`. Floats order NaN above
-    /// everything, as PyTorch does.
+    /// Sorts all operands (same shape) along `dim` by the first `keys`
+    /// lexicographically, stably; the node is sorted operand `result`.
+    /// Floats order NaN above everything (NaNs equal), as PyTorch does.
     Sort {
         dim: i64,
         descending: bool,
+        keys: usize,
         result: usize,
     },
     /// The lower (or upper) Cholesky factor of each trailing matrix.
@@ -419,13 +420,13 @@ impl Graph {
         self.push(Op::Put { axis: axis as i64, combine }, vec![a, indices, updates], ty)
     }
 
-    /// `operands` sorted along `dim` by the first (see [`Op::Sort`]); one
-    /// node per operand.
-    pub fn sort(&mut self, operands: &[V], dim: usize, descending: bool) -> Vec<V> {
+    /// `operands` sorted along `dim` by the first `keys` of them (see
+    /// [`Op::Sort`]); one node per operand.
+    pub fn sort(&mut self, operands: &[V], dim: usize, descending: bool, keys: usize) -> Vec<V> {
         (0..operands.len())
             .map(|result| {
                 let ty = self.ty(operands[result]).clone();
-                self.push(Op::Sort { dim: dim as i64, descending, result }, operands.to_vec(), ty)
+                self.push(Op::Sort { dim: dim as i64, descending, keys, result }, operands.to_vec(), ty)
             })
             .collect()
     }

@@ -26,6 +26,9 @@ pub static ENTRIES: &[Entry] = &[
     op_measured("_index_put_impl", index_put, index_measure),
     op_measured("nonzero", nonzero, nonzero_measure),
     op("nonzero_static", nonzero_static),
+    op_measured("_unique2", |cx| unique(cx, true), |cx| unique_measure(cx, false)),
+    op_measured("_unique", |cx| unique(cx, false), |cx| unique_measure(cx, false)),
+    op_measured("unique_dim", unique_dim, |cx| unique_measure(cx, true)),
     op_measured("masked_select", masked_select, masked_measure),
     op("masked_scatter", masked_scatter),
 ];
@@ -540,6 +543,153 @@ fn nonzero_static(cx: &mut Cx) -> Result<Vec<V>> {
     let coords = cx.g.select(found, coords, fills);
     let fill = cx.g.scalar(fill as f64, DType::I64);
     Ok(vec![cx.g.pad(coords, fill, &[0, 0], &[size - m, 0], &[0, 0])])
+}
+
+/// What `unique` compares: `self`'s elements (no dim) or its slices along
+/// `dim`, as the rows of an [s, m] matrix.
+struct Rows {
+    dim: Option<usize>,
+    s: i64,
+    m: i64,
+}
+
+fn rows(cx: &Cx, unique_dim: bool) -> Result<Rows> {
+    let t = cx.meta("self")?;
+    if !unique_dim {
+        return Ok(Rows { dim: None, s: t.numel(), m: 1 });
+    }
+    let given = cx.int("dim")?;
+    if t.sizes.is_empty() {
+        return Err(Error::index(format!("Dimension specified as {given} but tensor has no dimensions")));
+    }
+    let dim = wrap_dim(given, t.sizes.len())?;
+    if t.sizes.iter().enumerate().any(|(d, &n)| n == 0 && d != dim) {
+        return Err(Error::runtime(
+            "There are 0 sized dimensions, and they aren't selected, so unique cannot be applied",
+        ));
+    }
+    let s = t.sizes[dim];
+    Ok(Rows { dim: Some(dim), s, m: if s == 0 { 0 } else { t.numel() / s } })
+}
+
+/// The perm moving `dim` first.
+fn dim_first(rank: usize, dim: usize) -> Vec<i64> {
+    std::iter::once(dim).chain((0..rank).filter(|&d| d != dim)).map(|d| d as i64).collect()
+}
+
+/// `self` as the [s, m] matrix of its rows.
+fn row_matrix(cx: &mut Cx, r: &Rows) -> Result<V> {
+    let t = cx.meta("self")?;
+    let x = cx.tensor("self")?;
+    let x = match r.dim {
+        Some(dim) => cx.g.transpose(x, &dim_first(t.sizes.len(), dim)),
+        None => x,
+    };
+    Ok(cx.g.reshape(x, &[r.s, r.m]))
+}
+
+/// The rows in sorted (lexicographic) order, as positions, and flags
+/// marking the first row of each run of equal rows (a row with a NaN is a
+/// run of its own, as on CPU).
+fn runs(cx: &mut Cx, matrix: V, r: &Rows) -> (V, V) {
+    let (s, m) = (r.s, r.m);
+    let mut operands: Vec<V> = (0..m)
+        .map(|j| {
+            let column = cx.g.slice(matrix, &[0, j], &[s, j + 1], &[1, 1]);
+            cx.g.reshape(column, &[s])
+        })
+        .collect();
+    operands.push(cx.g.iota(DType::I64, &[s], 0));
+    let sorted = cx.g.sort(&operands, 0, false, m as usize);
+    let mut changed = cx.g.full(0.0, DType::Bool, &[s - 1]);
+    for &column in &sorted[..m as usize] {
+        let later = cx.g.slice(column, &[1], &[s], &[1]);
+        let earlier = cx.g.slice(column, &[0], &[s - 1], &[1]);
+        let differs = cx.g.compare("NE", later, earlier);
+        changed = cx.g.binary("stablehlo.or", changed, differs);
+    }
+    let first = cx.g.full(1.0, DType::Bool, &[1]);
+    (sorted[m as usize], cx.g.concatenate(&[first, changed], 0))
+}
+
+fn unique_measure(cx: &mut Cx, unique_dim: bool) -> Result<Vec<V>> {
+    let r = rows(cx, unique_dim)?;
+    let count = if r.s == 0 || r.m == 0 {
+        cx.g.scalar(0.0, DType::I64)
+    } else {
+        let matrix = row_matrix(cx, &r)?;
+        let (_, first) = runs(cx, matrix, &r);
+        count_true(cx, first)
+    };
+    Ok(sizes_vector(cx, &[count]))
+}
+
+/// The distinct rows in sorted order (shaped as `self`, with k rows), each
+/// row's index among them (i64[s]) and each distinct row's count (i64[k]).
+fn distinct(cx: &mut Cx, r: &Rows) -> Result<(V, V, V)> {
+    let t = cx.meta("self")?;
+    let k = cx.sizes[0];
+    let rank = t.sizes.len();
+    let mut shape = match r.dim {
+        Some(dim) => dim_first(rank, dim).iter().map(|&d| t.sizes[d as usize]).collect(),
+        None => vec![t.numel()],
+    };
+    shape[0] = k;
+    let restore = |cx: &mut Cx, rows: V| {
+        let rows = cx.g.reshape(rows, &shape);
+        match r.dim {
+            Some(dim) => cx.g.transpose(rows, &inverse(&dim_first(rank, dim))),
+            None => rows,
+        }
+    };
+    if r.s == 0 || r.m == 0 {
+        let empty = cx.g.full(0.0, t.dtype, &[k, r.m]);
+        let values = restore(cx, empty);
+        return Ok((values, cx.g.full(0.0, DType::I64, &[r.s]), cx.g.full(0.0, DType::I64, &[k])));
+    }
+    let matrix = row_matrix(cx, r)?;
+    let (order, first) = runs(cx, matrix, r);
+    let starts = true_positions(cx, first, k);
+    let representatives = cx.g.take(order, starts, 0);
+    let rows = cx.g.take(matrix, representatives, 0);
+    let values = restore(cx, rows);
+    // A row's index: the number of runs started up to it, less one.
+    let ones = cx.g.convert(first, DType::I64);
+    let add = |cx: &mut Cx, earlier: &[V], later: &[V]| vec![cx.g.binary("stablehlo.add", later[0], earlier[0])];
+    let run = scan(cx, &[ones], 0, &[ReduceKind::Sum], add)[0];
+    let one = cx.g.full(1.0, DType::I64, &[r.s]);
+    let run = cx.g.binary("stablehlo.subtract", run, one);
+    let zeros = cx.g.full(0.0, DType::I64, &[r.s]);
+    let index = cx.g.put(zeros, order, run, 0, None);
+    let next = cx.g.slice(starts, &[1], &[k], &[1]);
+    let end = cx.g.full(r.s as f64, DType::I64, &[1]);
+    let ends = cx.g.concatenate(&[next, end], 0);
+    let counts = cx.g.binary("stablehlo.subtract", ends, starts);
+    Ok((values, index, counts))
+}
+
+/// `_unique2` (`_unique` has no counts): sorted distinct elements, each
+/// element's index among them (shaped as self) and counts; one not asked
+/// for is empty. CPU sorts whether asked to or not.
+fn unique(cx: &mut Cx, with_counts: bool) -> Result<Vec<V>> {
+    let t = cx.meta("self")?;
+    let r = rows(cx, false)?;
+    let (values, index, counts) = distinct(cx, &r)?;
+    let index =
+        if cx.bool("return_inverse")? { cx.g.reshape(index, t.sizes) } else { cx.g.full(0.0, DType::I64, &[0]) };
+    if !with_counts {
+        return Ok(vec![values, index]);
+    }
+    let counts = if cx.bool("return_counts")? { counts } else { cx.g.full(0.0, DType::I64, &[0]) };
+    Ok(vec![values, index, counts])
+}
+
+/// `unique_dim`: distinct slices along `dim`; CPU returns the inverse and
+/// counts whether asked for or not.
+fn unique_dim(cx: &mut Cx) -> Result<Vec<V>> {
+    let r = rows(cx, true)?;
+    let (values, index, counts) = distinct(cx, &r)?;
+    Ok(vec![values, index, counts])
 }
 
 /// self and mask broadcast together, flat.

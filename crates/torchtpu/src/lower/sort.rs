@@ -22,7 +22,7 @@ pub static ENTRIES: &[Entry] = &[
 pub fn sorted(cx: &mut Cx, x: V, dim: usize, descending: bool) -> (V, V) {
     let shape = cx.g.ty(x).shape.clone();
     let iota = cx.g.iota(DType::I64, &shape, dim);
-    let r = cx.g.sort(&[x, iota], dim, descending);
+    let r = cx.g.sort(&[x, iota], dim, descending, 1);
     (r[0], r[1])
 }
 
