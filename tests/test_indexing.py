@@ -128,3 +128,17 @@ def test_unstable_sorts_with_ties_give_consistent_indices(mode, seeded_without_f
         values, indices = fn(xt, 1)
         torch.testing.assert_close(values.cpu(), fn(x, 1).values, equal_nan=True)
         torch.testing.assert_close(x.gather(1, indices.cpu()[:, None])[:, 0], values.cpu(), equal_nan=True)
+
+
+def test_mode_values_and_an_occurrence(mode, seeded_without_fallbacks):
+    """The most frequent value (the smallest of several) as on CPU; its index
+    is CPU's (the last occurrence) on rows of up to 16 elements, and names an
+    occurrence on longer ones, where CPU's unstable sort picks any."""
+    short = torch.tensor([[3, 1, 3, 1, 2], [2, 2, 1, 1, 1]])
+    torch.testing.assert_close(to_cpu(synced(torch.mode, short.to("tpu"), 1)), tuple(torch.mode(short, 1)))
+    x = torch.randint(0, 5, (3, 40, 4)).float()
+    for dim, keepdim in ((1, False), (-1, True)):
+        values, indices = synced(torch.mode, x.to("tpu"), dim, keepdim)
+        torch.testing.assert_close(values.cpu(), torch.mode(x, dim, keepdim).values)
+        at = indices.cpu() if keepdim else indices.cpu().unsqueeze(dim)
+        torch.testing.assert_close(x.gather(dim, at), values.cpu() if keepdim else values.cpu().unsqueeze(dim))

@@ -51,7 +51,7 @@ OPS = [
     "zeros_like", "ones_like", "full_like", "new_zeros", "new_ones", "new_full", "arange",
     "tril", "triu", "isposinf", "isneginf",
     # sorting and order statistics
-    "sort", "argsort", "msort", "topk", "kthvalue", "median", "nanmedian", "cummax", "cummin", "logcumsumexp",
+    "sort", "argsort", "msort", "topk", "kthvalue", "median", "nanmedian", "mode", "cummax", "cummin", "logcumsumexp",
     # linear algebra
     "einsum", "linalg.norm", "linalg.matrix_norm", "norm", "norm.fro", "linalg.cholesky", "linalg.cholesky_ex",
     "linalg.solve_triangular", "triangular_solve", "cholesky_solve", "cholesky_inverse",

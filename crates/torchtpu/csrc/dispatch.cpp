@@ -470,11 +470,12 @@ TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
 }
 
 // Operators whose composite kernels would win over the fallback: the
-// convolution hooks for out-of-tree backends (their defaults throw), and
-// norms PyTorch otherwise decomposes (layer_norm into batch_norm).
+// convolution hooks for out-of-tree backends (their defaults throw), norms
+// PyTorch otherwise decomposes (layer_norm into batch_norm), and mode, whose
+// composite kernel accepts only CPU, CUDA and XPU tensors.
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   for (const char* name : {"convolution_overrideable", "convolution_backward_overrideable", "native_layer_norm",
-                           "native_group_norm"}) {
+                           "native_group_norm", "mode", "mode.values"}) {
     m.impl(name, torch::CppFunction::makeFromBoxedFunction<&torchtpu::fallback>());
   }
 }

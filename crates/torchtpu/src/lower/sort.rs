@@ -4,6 +4,7 @@
 //! (`stable=True`); its unstable sort orders them arbitrarily.
 use super::elementwise::not_implemented;
 use super::index::as_vector;
+use super::reduce::scan;
 use super::{op, wrap_dim, Cx, Entry};
 use crate::dtype::DType;
 use crate::ensure;
@@ -16,6 +17,7 @@ pub static ENTRIES: &[Entry] = &[
     op("kthvalue", kthvalue),
     op("median", |cx| median(cx, false)),
     op("nanmedian", |cx| median(cx, true)),
+    op("mode", mode),
 ];
 
 /// `x` sorted along `dim`, and the i64 positions the values came from.
@@ -129,18 +131,78 @@ fn median(cx: &mut Cx, ignore_nan: bool) -> Result<Vec<V>> {
         let mid = c(cx, (n - 1).max(0) / 2);
         cx.g.select(nan, m, mid)
     };
+    let (v, i) = at_positions(cx, v, i, pos);
+    if all {
+        return Ok(vec![cx.g.reshape(v, &[])]);
+    }
+    let out = reduced(&sizes, dim, cx.bool("keepdim")?);
+    Ok(shaped(cx, v, i, &out))
+}
+
+/// The sorted values and positions (rows along the last dimension) at one
+/// position `pos` per row, flat.
+fn at_positions(cx: &mut Cx, v: V, i: V, pos: V) -> (V, V) {
+    let rows = cx.g.ty(pos).shape.clone();
+    let n = *cx.g.ty(v).shape.last().unwrap();
     let total: i64 = rows.iter().product();
-    let width = c(cx, n);
+    let width = cx.g.full(n as f64, DType::I64, &rows);
     let base = flat_rows(cx, &rows);
     let base = cx.g.binary("stablehlo.multiply", base, width);
     let at = cx.g.binary("stablehlo.add", base, pos);
     let at = cx.g.reshape(at, &[total]);
     let (vf, iflat) = (cx.g.reshape(v, &[total * n]), cx.g.reshape(i, &[total * n]));
-    let (v, i) = (cx.g.take(vf, at, 0), cx.g.take(iflat, at, 0));
-    if all {
-        return Ok(vec![cx.g.reshape(v, &[])]);
+    (cx.g.take(vf, at, 0), cx.g.take(iflat, at, 0))
+}
+
+/// `mode`: the most frequent value along `dim` (the smallest of several;
+/// each NaN counts alone, as on CPU) and the position of its last
+/// occurrence, found from the runs of equal values of the sorted rows.
+fn mode(cx: &mut Cx) -> Result<Vec<V>> {
+    let t = cx.meta("self")?;
+    let (x, dim) = operand(cx)?;
+    let shape = cx.g.ty(x).shape.clone();
+    let n = shape[dim];
+    if n == 0 {
+        return Err(Error::index(format!("mode(): Expected reduction dim {dim} to have non-zero size.")));
     }
-    let out = reduced(&sizes, dim, cx.bool("keepdim")?);
+    let out = reduced(t.sizes, dim, cx.bool("keepdim")?);
+    if t.numel() == 0 {
+        return Ok(vec![cx.g.full(0.0, t.dtype, &out), cx.g.full(0.0, DType::I64, &out)]);
+    }
+    let rank = shape.len();
+    let last = rank - 1;
+    let perm: Vec<i64> = (0..rank).filter(|&d| d != dim).chain([dim]).map(|d| d as i64).collect();
+    let x = cx.g.transpose(x, &perm);
+    let (v, i) = sorted(cx, x, last, false);
+    let rows_shape = cx.g.ty(v).shape.clone();
+    let mut edge_shape = rows_shape.clone();
+    edge_shape[last] = 1;
+    // Where a run starts and ends along each row.
+    let later = cx.g.slice_dim(v, last, 1, n, 1);
+    let earlier = cx.g.slice_dim(v, last, 0, n - 1, 1);
+    let changed = cx.g.compare("NE", later, earlier);
+    let edge = cx.g.full(1.0, DType::Bool, &edge_shape);
+    let starts = cx.g.concatenate(&[edge, changed], last);
+    let ends = cx.g.concatenate(&[changed, edge], last);
+    // Each run's length, at its end: the position less the run's start.
+    let j = cx.g.iota(DType::I64, &rows_shape, last);
+    let zeros = cx.g.full(0.0, DType::I64, &rows_shape);
+    let start = cx.g.select(starts, j, zeros);
+    let max = |cx: &mut Cx, earlier: &[V], later: &[V]| vec![cx.g.binary("stablehlo.maximum", later[0], earlier[0])];
+    let start = scan(cx, &[start], last, &[ReduceKind::Max], max)[0];
+    let ones = cx.g.full(1.0, DType::I64, &rows_shape);
+    let length = cx.g.binary("stablehlo.subtract", j, start);
+    let length = cx.g.binary("stablehlo.add", length, ones);
+    let length = cx.g.select(ends, length, zeros);
+    // The first longest run: the smallest value among the most frequent.
+    let longest = cx.g.reduce(ReduceKind::Max, length, &[last]);
+    let longest = cx.g.reshape(longest, &edge_shape);
+    let longest = cx.g.broadcast_to(longest, &rows_shape);
+    let is_longest = cx.g.compare("EQ", length, longest);
+    let beyond = cx.g.full(n as f64, DType::I64, &rows_shape);
+    let candidates = cx.g.select(is_longest, j, beyond);
+    let pos = cx.g.reduce(ReduceKind::Min, candidates, &[last]);
+    let (v, i) = at_positions(cx, v, i, pos);
     Ok(shaped(cx, v, i, &out))
 }
 
