@@ -23,6 +23,7 @@ use crate::storage::Storage;
 use crate::view;
 
 mod conv;
+mod distance;
 mod elementwise;
 mod factory;
 mod index;
@@ -78,6 +79,7 @@ pub const UNDEFINED: V = V::MAX;
 fn table() -> impl Iterator<Item = &'static Entry> {
     [
         conv::ENTRIES,
+        distance::ENTRIES,
         elementwise::ENTRIES,
         factory::ENTRIES,
         index::ENTRIES,
