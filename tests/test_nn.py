@@ -401,3 +401,30 @@ def test_mlp_cross_entropy(mode):
     assert_same(tpu_loss, loss.detach())
     for p, q in zip(model.parameters(), on_tpu.parameters()):
         assert_same(q.grad, p.grad)
+
+
+# F.fold (col2im) has no OpInfo; F.unfold's entry in test_ops covers im2col
+# and, through its gradient, col2im on float32.
+FOLDS = {  # image size, kernel_size, dilation, padding, stride
+    "plain": ((6, 7), (2, 3), 1, 0, 1),
+    "strided": ((6, 7), 2, (2, 1), 1, (2, 3)),
+    "overlapping": ((5, 5), 3, 2, 2, 2),
+}
+
+
+@pytest.mark.parametrize("case", FOLDS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.bool], ids=str)
+def test_fold(case, dtype, mode):
+    size, *args = FOLDS[case]
+    blocks = F.unfold(torch.zeros(1, 2, *size), *args).shape
+    for shape in (blocks, blocks[1:], (0, *blocks[1:])):  # batched, unbatched, empty batch
+        x = (torch.randn(shape) * 3).to(dtype)
+        compare(lambda a: F.fold(a, size, *args), x, grad=dtype == torch.float32)
+
+
+@pytest.mark.parametrize("shape, size", [((16,), (5, 5)), ((1, 7, 16), (5, 5)), ((1, 8, 15), (5, 5)),
+                                         ((1, 8, 16), (0, 0)), ((1, 8, 1), (1, 1))])
+def test_fold_errors(shape, size):
+    compare_error(lambda a: F.fold(a, size, 2), torch.randn(shape))
+    compare_error(lambda a: F.fold(a, (5, 5), 2), torch.ones(1, 8, 16, dtype=torch.int64))
+    compare_error(lambda a: F.fold(a, (5, 5), 2, stride=0), torch.ones(1, 8, 16))

@@ -55,6 +55,7 @@ OPS = [
     # linear algebra
     "einsum", "linalg.norm", "linalg.matrix_norm", "norm", "norm.fro", "linalg.cholesky", "linalg.cholesky_ex",
     "linalg.solve_triangular", "triangular_solve", "cholesky_solve", "cholesky_inverse", "cdist", "nn.functional.pdist",
+    "nn.functional.unfold",
     # convolutions and norms
     "nn.functional.conv1d", "nn.functional.conv2d", "nn.functional.conv3d",
     "nn.functional.conv_transpose1d", "nn.functional.conv_transpose2d", "nn.functional.conv_transpose3d",

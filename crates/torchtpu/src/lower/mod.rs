@@ -26,6 +26,7 @@ mod conv;
 mod distance;
 mod elementwise;
 mod factory;
+mod fold;
 mod index;
 mod linalg;
 mod loss;
@@ -82,6 +83,7 @@ fn table() -> impl Iterator<Item = &'static Entry> {
         distance::ENTRIES,
         elementwise::ENTRIES,
         factory::ENTRIES,
+        fold::ENTRIES,
         index::ENTRIES,
         linalg::ENTRIES,
         loss::ENTRIES,

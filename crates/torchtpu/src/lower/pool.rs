@@ -36,14 +36,14 @@ pub static ENTRIES: &[Entry] = &[
 ];
 
 /// A fixed pooling window over the last `d` dimensions.
-struct Window {
-    kernel: Vec<i64>,
-    stride: Vec<i64>,
-    pad: Vec<i64>,
-    dilation: Vec<i64>,
+pub(super) struct Window {
+    pub kernel: Vec<i64>,
+    pub stride: Vec<i64>,
+    pub pad: Vec<i64>,
+    pub dilation: Vec<i64>,
     /// Input and output sizes of the pooled dimensions.
-    input: Vec<i64>,
-    output: Vec<i64>,
+    pub input: Vec<i64>,
+    pub output: Vec<i64>,
 }
 
 /// An `int[d]` argument given with d or 1 elements (or none, or absent as
@@ -99,7 +99,7 @@ fn window(cx: &Cx, d: usize, sizes: &[i64]) -> Result<Window> {
 
 /// The window elements of the last d dimensions of `x`: one slice of x
 /// (padded with `fill`) per kernel offset, stacked on a new last dimension.
-fn windows(cx: &mut Cx, x: V, w: &Window, fill: f64) -> V {
+pub(super) fn windows(cx: &mut Cx, x: V, w: &Window, fill: f64) -> V {
     let shape = cx.g.ty(x).shape.clone();
     let dtype = cx.g.ty(x).dtype;
     let d = w.kernel.len();
@@ -336,9 +336,7 @@ fn avg_pool(cx: &mut Cx, d: usize) -> Result<Vec<V>> {
     finish(cx, r, t.dtype)
 }
 
-/// Each window's share of grad_output, added back at the window's
-/// elements: per kernel offset, the output grid spread out by the stride
-/// (interior padding) and shifted to the offset.
+/// Each window's share of grad_output, added back at the window's elements.
 fn avg_pool_backward(cx: &mut Cx, d: usize) -> Result<Vec<V>> {
     let (t, gt) = (cx.meta("self")?, cx.meta("grad_output")?);
     let w = window(cx, d, t.sizes)?;
@@ -347,25 +345,41 @@ fn avg_pool_backward(cx: &mut Cx, d: usize) -> Result<Vec<V>> {
     let g = cx.g.convert(g, ct);
     let divisor = avg_divisor(cx, &w, gt.sizes, ct)?;
     let g = cx.g.binary("stablehlo.divide", g, divisor);
-    let rank = t.sizes.len();
+    let r = add_windows(cx, &w, t.sizes, |_, _| g);
+    finish(cx, r, gt.dtype)
+}
+
+/// The transpose of `windows`: for each kernel offset k in order, `part(k)`
+/// (shaped like the output) added to the input elements that offset reads;
+/// the result is shaped `sizes`, the input's. Each part is the output grid
+/// spread out by the stride (interior padding) and shifted to its offset.
+pub(super) fn add_windows(cx: &mut Cx, w: &Window, sizes: &[i64], mut part: impl FnMut(&mut Cx, i64) -> V) -> V {
+    let d = w.kernel.len();
+    let rank = sizes.len();
     let lead = rank - d;
     // The padded input, large enough for every window.
-    let full: Vec<i64> =
-        (0..d).map(|i| (dilated(w.output[i], w.stride[i]) + w.kernel[i] - 1).max(w.pad[i] + w.input[i])).collect();
-    let zero = cx.g.scalar(0.0, ct);
+    let full: Vec<i64> = (0..d)
+        .map(|i| {
+            let reach = dilated(w.output[i], w.stride[i]) + (w.kernel[i] - 1) * w.dilation[i];
+            reach.max(w.pad[i] + w.input[i])
+        })
+        .collect();
     let mut interior = vec![0; rank];
     for i in 0..d {
         interior[lead + i] = w.stride[i] - 1;
     }
     let mut acc = None;
-    for mut k in 0..w.kernel.iter().product::<i64>() {
+    for k in 0..w.kernel.iter().product::<i64>() {
+        let p = part(cx, k);
+        let zero = cx.g.scalar(0.0, cx.g.ty(p).dtype);
         let (mut low, mut high) = (vec![0; rank], vec![0; rank]);
+        let mut rest = k;
         for i in (0..d).rev() {
-            low[lead + i] = k % w.kernel[i];
+            low[lead + i] = (rest % w.kernel[i]) * w.dilation[i];
             high[lead + i] = full[i] - low[lead + i] - dilated(w.output[i], w.stride[i]);
-            k /= w.kernel[i];
+            rest /= w.kernel[i];
         }
-        let spread = cx.g.pad(g, zero, &low, &high, &interior);
+        let spread = cx.g.pad(p, zero, &low, &high, &interior);
         acc = Some(match acc {
             None => spread,
             Some(a) => add(cx, a, spread),
@@ -373,9 +387,8 @@ fn avg_pool_backward(cx: &mut Cx, d: usize) -> Result<Vec<V>> {
     }
     let acc = acc.expect("a kernel offset");
     let start: Vec<i64> = (0..rank).map(|j| if j < lead { 0 } else { w.pad[j - lead] }).collect();
-    let limit: Vec<i64> = (0..rank).map(|j| start[j] + t.sizes[j]).collect();
-    let r = cx.g.slice(acc, &start, &limit, &vec![1; rank]);
-    finish(cx, r, gt.dtype)
+    let limit: Vec<i64> = (0..rank).map(|j| start[j] + sizes[j]).collect();
+    cx.g.slice(acc, &start, &limit, &vec![1; rank])
 }
 
 // ------------------------------------------------------------------ adaptive
