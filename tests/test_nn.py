@@ -428,3 +428,38 @@ def test_fold_errors(shape, size):
     compare_error(lambda a: F.fold(a, size, 2), torch.randn(shape))
     compare_error(lambda a: F.fold(a, (5, 5), 2), torch.ones(1, 8, 16, dtype=torch.int64))
     compare_error(lambda a: F.fold(a, (5, 5), 2, stride=0), torch.ones(1, 8, 16))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+@pytest.mark.parametrize("op", ["_embedding_bag", "_embedding_bag_forward_only"])
+def test_embedding_bag_outputs(op, dtype, mode):
+    """All four results as on CPU (offset2bag, bag_size and max_indices have
+    CPU's layout, which differs per mode, dtype and operator); max over a
+    NaN as CPU's float32 and float64 kernels take it."""
+    weight = torch.randn(10, 3, dtype=dtype)
+    weight[7, 1] = float("nan")
+    indices = torch.tensor([1, 7, 7, 2, 3, 4, 8, 9, 7, 0])
+    fn = getattr(torch.ops.aten, op)
+    for bag_mode in (0, 1, 2):
+        for padding_idx in (-1, 7):
+            for include_last, offsets in ((False, [0, 4, 4, 7]), (True, [0, 4, 4, 7, 10])):
+                compare(lambda w, i, o: fn(w, i, o, False, bag_mode, False, None, include_last, padding_idx),
+                        weight, indices, torch.tensor(offsets))
+
+
+def test_embedding_bag_errors():
+    w, i, o = torch.randn(10, 3), torch.tensor([1, 2, 4, 5, 4, 3, 2, 9, 0]), torch.tensor([0, 4, 4, 7])
+    bag = torch.ops.aten._embedding_bag
+    compare_error(lambda w, i, o: bag(w, i, o + 1), w, i, o)
+    compare_error(lambda w, i, o: bag(w, i, torch.tensor([0, 4, 10], device=o.device)), w, i, o)
+    compare_error(lambda w, i, o: bag(w, i, o, mode=1, per_sample_weights=torch.ones(9, device=w.device)), w, i, o)
+    compare_error(lambda w, i, o: bag(w.long(), i, o), w, i, o)
+    compare_error(lambda w, i, o: bag(w, i.float(), o), w, i, o)
+    # CPU's float64 kernel; its float32 one names the index differently.
+    compare_error(lambda w, i, o: bag(w, i + 1, o), w.double(), i, o)
+
+
+@pytest.mark.parametrize("norm_type", [1.0, 2.0, float("inf")])
+def test_embedding_renorm(norm_type, mode):
+    compare(lambda w, i: torch.embedding_renorm_(w, i, 1.0, norm_type), torch.randn(6, 4),
+            torch.tensor([[1, 1], [3, 0]]))

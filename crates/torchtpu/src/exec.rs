@@ -428,7 +428,7 @@ fn execute(plan: &Plan, what: &str, args: &[Arg], device: usize) -> Result<Vec<A
             if let Some(v) = check.value {
                 let mut word = [0u8; 8];
                 outs[v].buf.to_host(&mut word)?;
-                message = message.replace("{}", &i64::from_le_bytes(word).to_string());
+                message = message.replacen("{}", &i64::from_le_bytes(word).to_string(), 1);
             }
             return Err(Error { kind: check.kind, message });
         }

@@ -480,7 +480,7 @@ fn verify(wait: bool) -> Result<()> {
             if let Some(v) = value {
                 let mut word = [0u8; 8];
                 v.buf.to_host(&mut word)?;
-                message = message.replace("{}", &i64::from_le_bytes(word).to_string());
+                message = message.replacen("{}", &i64::from_le_bytes(word).to_string(), 1);
             }
             return Err(Error { kind, message });
         }

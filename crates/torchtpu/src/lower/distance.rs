@@ -20,7 +20,7 @@ pub static ENTRIES: &[Entry] = &[
 /// A p-norm of a row difference `d`: the norm of `|d|`, and its gradient
 /// with respect to `d`, given the norm's gradient and the norm itself.
 #[derive(Clone, Copy)]
-enum Norm {
+pub(super) enum Norm {
     Zero,
     One,
     Two,
@@ -29,7 +29,7 @@ enum Norm {
 }
 
 impl Norm {
-    fn of(p: f64) -> Norm {
+    pub(super) fn of(p: f64) -> Norm {
         if p == 0.0 {
             Norm::Zero
         } else if p == 1.0 {
@@ -46,7 +46,7 @@ impl Norm {
     /// The norm over the last dimension of `a = |d|`. `drop_nan`: CPU's
     /// scalar loop (cdist) takes the inf-norm with `std::max`, which skips a
     /// NaN; its vectorised loop (pdist) keeps it.
-    fn reduce(self, cx: &mut Cx, a: V, drop_nan: bool) -> V {
+    pub(super) fn reduce(self, cx: &mut Cx, a: V, drop_nan: bool) -> V {
         let last = cx.g.ty(a).rank() - 1;
         let sum = |cx: &mut Cx, x: V| cx.g.reduce(ReduceKind::Sum, x, &[last]);
         match self {

@@ -22,6 +22,7 @@ use crate::ir::{Graph, Ty, V};
 use crate::storage::Storage;
 use crate::view;
 
+mod bag;
 mod conv;
 mod distance;
 mod elementwise;
@@ -79,6 +80,7 @@ pub const UNDEFINED: V = V::MAX;
 
 fn table() -> impl Iterator<Item = &'static Entry> {
     [
+        bag::ENTRIES,
         conv::ENTRIES,
         distance::ENTRIES,
         elementwise::ENTRIES,

@@ -4,9 +4,12 @@
 //! Formulas follow PyTorch's CPU kernels, computed in the opmath type
 //! (float16/bfloat16 in float32, rounded once). Scalar arguments (slopes,
 //! `alpha`, `beta`, `p`, ...) are runtime operands.
-use super::elementwise::{finish, full_like, not_implemented, opmath, promoted};
+use super::distance::Norm;
+use super::elementwise::{finish, full_like, not_implemented, opmath, promoted, round_to};
+use super::index::checked_indices;
 use super::random::uniform01;
-use super::{op, wrap_dim, Cx, Entry};
+use super::{op, op_consts, wrap_dim, Cx, Entry};
+use crate::args::Tensor;
 use crate::dtype::DType;
 use crate::error::{Error, Kind, Result};
 use crate::ir::{ReduceKind, V};
@@ -39,6 +42,7 @@ pub static ENTRIES: &[Entry] = &[
     op("native_dropout", native_dropout),
     op("native_dropout_backward", native_dropout_backward),
     op("embedding_dense_backward", embedding_dense_backward),
+    op_consts("embedding_renorm", embedding_renorm, &["norm_type"]),
 ];
 
 // ------------------------------------------------------------------ helpers
@@ -762,17 +766,73 @@ fn native_dropout_backward(cx: &mut Cx) -> Result<Vec<V>> {
     finish(cx, r, dtype)
 }
 
+/// `checkScalarTypes`'s error unless `ok`: `arg` is "#n 'name'".
+pub(super) fn expect_types(t: &Tensor, arg: &str, names: &str, ok: bool, op: &str) -> Result<()> {
+    // The legacy type name CPU prints; bool has none of the torch.*Tensor form.
+    let found = match t.dtype {
+        DType::Bool => "CPUBoolType".to_string(),
+        d => format!("torch.{}Tensor", d.torch_name()),
+    };
+    if !ok {
+        return Err(Error::runtime(format!(
+            "Expected tensor for argument {arg} to have one of the following scalar types: {names}; but got {found} instead (while checking arguments for {op})"
+        )));
+    }
+    Ok(())
+}
+
+/// `embedding_renorm_`: each row `indices` names (once, however often) whose
+/// p-norm exceeds max_norm is scaled by max_norm / (norm + 1e-7).
+fn embedding_renorm(cx: &mut Cx) -> Result<Vec<V>> {
+    let (t, it) = (cx.meta("self")?, cx.meta("indices")?);
+    expect_types(&it, "#2 'indices'", "Long, Int", matches!(it.dtype, DType::I64 | DType::I32), "embedding_renorm_")?;
+    if !t.dtype.is_float() {
+        return Err(Error::not_implemented(format!(
+            "norm(): input dtype should be either floating point or complex. Got {} instead.",
+            t.dtype.torch_name()
+        )));
+    }
+    let p = cx.const_f64("norm_type")?;
+    let (rows, n) = (t.sizes[0], it.numel());
+    let shape = t.sizes.to_vec();
+    let ct = opmath(t.dtype);
+    let idx = cx.tensor("indices")?;
+    let idx = cx.g.reshape(idx, &[n]);
+    let message = format!("select(): index {{}} out of range for tensor of size {shape:?} at dimension 0");
+    let idx = checked_indices(cx, idx, rows, true, Kind::Index, message);
+    let none = cx.g.full(0.0, DType::I64, &[rows]);
+    let ones = cx.g.full(1.0, DType::I64, &[n]);
+    let named = cx.g.put(none, idx, ones, 0, Some(ReduceKind::Max));
+    let x = cx.tensor("self")?;
+    let x = cx.g.convert(x, ct);
+    let a = cx.g.unary("stablehlo.abs", x);
+    let norm = Norm::of(p).reduce(cx, a, false);
+    // CPU's norm is a tensor of self's dtype; its scale is computed from it.
+    let norm = round_to(cx, norm, t.dtype);
+    // The norm and the scale are C++ doubles on CPU.
+    let norm = cx.g.convert(norm, DType::F64);
+    let max = cx.scalar_like("max_norm", DType::F64, &[rows])?.expect("max_norm");
+    let over = cx.g.compare("GT", norm, max);
+    let zero = cx.g.full(0.0, DType::I64, &[rows]);
+    let named = cx.g.compare("GT", named, zero);
+    let scale = cx.g.binary("stablehlo.and", over, named);
+    let eps = cx.g.full(1e-7, DType::F64, &[rows]);
+    let denom = add(cx, norm, eps);
+    let factor = div(cx, max, denom);
+    let one = cx.g.full(1.0, DType::F64, &[rows]);
+    let factor = cx.g.select(scale, factor, one);
+    let factor = cx.g.convert(factor, ct);
+    let factor = cx.g.broadcast_in_dim(factor, &shape, &[0]);
+    let r = mul(cx, x, factor);
+    finish(cx, r, t.dtype)
+}
+
 /// The weight gradient of an embedding: grad_output rows summed into the
 /// rows their indices name (padding_idx's row stays zero), each divided by
 /// its index's count when `scale_grad_by_freq`.
 fn embedding_dense_backward(cx: &mut Cx) -> Result<Vec<V>> {
     let (gt, it) = (cx.meta("grad_output")?, cx.meta("indices")?);
-    if !matches!(it.dtype, DType::I64 | DType::I32) {
-        return Err(Error::runtime(format!(
-            "Expected tensor for argument #2 'indices' to have one of the following scalar types: Long, Int; but got torch.{}Tensor instead (while checking arguments for embedding_backward)",
-            it.dtype.torch_name()
-        )));
-    }
+    expect_types(&it, "#2 'indices'", "Long, Int", matches!(it.dtype, DType::I64 | DType::I32), "embedding_backward")?;
     let (n, d) = (it.numel(), *gt.sizes.last().unwrap_or(&1));
     let rows = cx.int("num_weights")?;
     let ct = opmath(gt.dtype);
