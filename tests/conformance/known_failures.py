@@ -13,6 +13,8 @@ COMPLEX = "complex results: tpu has no complex dtypes"
 # bfloat16's tolerance.
 BFLOAT16_ROUNDING = "bfloat16: CPU rounds intermediates to bfloat16, tpu rounds once"
 
+GRID_BFLOAT16 = "bfloat16: CPU's grid sampler rounds pixel coordinates and weights to bfloat16; tpu computes them in float32"
+
 KNOWN_FAILURES = {
     **{e: COMPLEX for e in [
         "cdouble", "cfloat", "chalf", "complex", "polar", "view_as_complex", "stft", "linalg.eig", "linalg.eigvals",
@@ -30,6 +32,7 @@ KNOWN_FAILURES = {
     ("nn.functional.embedding_bag", "bfloat16"):
         "bfloat16: CPU divides mean gradients in bfloat16, and its embedding_renorm_ (max_norm) rounds rows one "
         "bfloat16 ulp apart from tpu's, which a bag's sum with per_sample_weights can amplify by cancellation",
+    **{(e, "bfloat16"): GRID_BFLOAT16 for e in ["grid_sampler_2d", "nn.functional.grid_sample"]},
     ("nn.functional.scaled_dot_product_attention", "bfloat16"):
         "awaiting lowering (SDPA): tpu runs the math decomposition, rounding to bfloat16 where CPU's fused kernel does not",
     "tensor_split": "tensor_indices_or_sections must be a CPU tensor (as on CUDA); the sample moves it to tpu",

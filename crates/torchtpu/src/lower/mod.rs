@@ -28,6 +28,7 @@ mod distance;
 mod elementwise;
 mod factory;
 mod fold;
+mod grid;
 mod index;
 mod linalg;
 mod loss;
@@ -86,6 +87,7 @@ fn table() -> impl Iterator<Item = &'static Entry> {
         elementwise::ENTRIES,
         factory::ENTRIES,
         fold::ENTRIES,
+        grid::ENTRIES,
         index::ENTRIES,
         linalg::ENTRIES,
         loss::ENTRIES,
