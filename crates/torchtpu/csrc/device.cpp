@@ -23,6 +23,7 @@ void check(int status) {
     case TT_ERR_INDEX: TORCH_CHECK_INDEX(false, msg);
     case TT_ERR_TYPE: TORCH_CHECK_TYPE(false, msg);
     case TT_ERR_NOT_IMPLEMENTED: TORCH_CHECK_NOT_IMPLEMENTED(false, msg);
+    case TT_ERR_LINALG: TORCH_CHECK_LINALG(false, msg);
     default: TORCH_CHECK(false, msg);
   }
 }

@@ -19,6 +19,7 @@ enum {
   TT_ERR_INDEX = 3,           // IndexError
   TT_ERR_TYPE = 4,            // TypeError
   TT_ERR_NOT_IMPLEMENTED = 5, // NotImplementedError
+  TT_ERR_LINALG = 6,          // torch.linalg.LinAlgError
 };
 
 // A tensor argument: a tpu view of a Rust storage, or a CPU tensor (scalars

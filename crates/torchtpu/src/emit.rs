@@ -117,6 +117,8 @@ impl Emitter<'_> {
             Op::Param(n) => format!("%arg{n}"),
             Op::ArgReduce { .. } | Op::RngBits => format!("%v{v}#1"),
             Op::Sort { result, .. } => format!("%v{v}#{result}"),
+            Op::CustomCall { results, .. } if results.len() > 1 => format!("%v{v}#0"),
+            Op::Result(n) => format!("%v{}#{n}", self.g.nodes[v].args[0]),
             _ => format!("%v{v}"),
         }
     }
@@ -269,6 +271,20 @@ impl Emitter<'_> {
                     "left_side = {left}, lower = {lower}, unit_diagonal = {unit_diagonal}, transpose_a = #stablehlo<transpose {t}>"
                 );
                 self.line(v, "stablehlo.triangular_solve", &attrs)
+            }
+            Op::Result(_) => {}
+            Op::CustomCall { target, config, results } => {
+                let args: Vec<String> = node.args.iter().map(|&a| self.name(a)).collect();
+                let types: Vec<String> = node.args.iter().map(|&a| self.ty(a)).collect();
+                let outs: Vec<String> = results.iter().map(tensor).collect();
+                let count = if results.len() > 1 { format!(":{}", results.len()) } else { String::new() };
+                let _ = writeln!(
+                    self.out,
+                    "    %v{v}{count} = \"stablehlo.custom_call\"({}) {{call_target_name = \"{target}\", backend_config = \"{config}\"}} : ({}) -> ({})",
+                    args.join(", "),
+                    types.join(", "),
+                    outs.join(", ")
+                );
             }
             Op::RngBits => {
                 let key = self.name(node.args[0]);

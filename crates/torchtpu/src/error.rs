@@ -8,6 +8,8 @@ pub enum Kind {
     Index = 3,
     Type = 4,
     NotImplemented = 5,
+    /// torch.linalg.LinAlgError (a RuntimeError).
+    LinAlg = 6,
 }
 
 #[derive(Clone, Debug)]

@@ -402,6 +402,17 @@ pub fn synchronize() -> Result<()> {
     Ok(())
 }
 
+/// A failed check's message, its `{}`s replaced by the numbers of `values`
+/// (an i64 array), in order.
+pub fn check_message(message: &str, values: Option<&DeviceBuffer>) -> Result<String> {
+    let Some(values) = values else { return Ok(message.to_string()) };
+    let mut bytes = vec![0u8; values.buf.on_device_size()?];
+    values.buf.to_host(&mut bytes)?;
+    Ok(bytes.chunks_exact(8).fold(message.to_string(), |m, word| {
+        m.replacen("{}", &i64::from_le_bytes(word.try_into().unwrap()).to_string(), 1)
+    }))
+}
+
 pub fn read_bool(b: &DeviceBuffer) -> Result<bool> {
     let mut byte = [0u8; 1];
     b.buf.to_host(&mut byte)?;
@@ -424,12 +435,7 @@ fn execute(plan: &Plan, what: &str, args: &[Arg], device: usize) -> Result<Vec<A
     }
     for check in &plan.checks {
         if read_bool(&outs[check.flag])? {
-            let mut message = check.message.clone();
-            if let Some(v) = check.value {
-                let mut word = [0u8; 8];
-                outs[v].buf.to_host(&mut word)?;
-                message = message.replacen("{}", &i64::from_le_bytes(word).to_string(), 1);
-            }
+            let message = check_message(&check.message, check.value.map(|v| &*outs[v]))?;
             return Err(Error { kind: check.kind, message });
         }
     }

@@ -147,6 +147,16 @@ pub enum Op {
     },
     /// Random bits from a u64[2] key (the node's type is the bits' type).
     RngBits,
+    /// An XLA custom call that XLA's compilers expand themselves ("Qr",
+    /// "Eigh", ...); the node is its first result, [`Op::Result`] nodes
+    /// the others.
+    CustomCall {
+        target: &'static str,
+        config: String,
+        results: Vec<Ty>,
+    },
+    /// Result n of the multi-result node that is its argument.
+    Result(usize),
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -439,6 +449,14 @@ impl Graph {
     pub fn triangular_solve(&mut self, a: V, b: V, left: bool, lower: bool, unit_diagonal: bool, transpose: bool) -> V {
         let ty = self.ty(b).clone();
         self.push(Op::TriangularSolve { left, lower, unit_diagonal, transpose }, vec![a, b], ty)
+    }
+
+    /// The results of custom call `target` (see [`Op::CustomCall`]).
+    pub fn custom_call(&mut self, target: &'static str, config: &str, args: &[V], results: &[Ty]) -> Vec<V> {
+        let op = Op::CustomCall { target, config: config.into(), results: results.to_vec() };
+        let call = self.push(op, args.to_vec(), results[0].clone());
+        let rest = (1..results.len()).map(|n| self.push(Op::Result(n), vec![call], results[n].clone()));
+        std::iter::once(call).chain(rest.collect::<Vec<_>>()).collect()
     }
 
     /// Uniformly random bits of `dtype` (u32 or u64 shaped) from a u64[2] key.

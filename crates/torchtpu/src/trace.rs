@@ -476,12 +476,7 @@ fn verify(wait: bool) -> Result<()> {
     drop(launched);
     for (flag, value, kind, message) in checks {
         if exec::read_bool(&flag)? {
-            let mut message = message;
-            if let Some(v) = value {
-                let mut word = [0u8; 8];
-                v.buf.to_host(&mut word)?;
-                message = message.replacen("{}", &i64::from_le_bytes(word).to_string(), 1);
-            }
+            let message = exec::check_message(&message, value.as_deref())?;
             return Err(Error { kind, message });
         }
     }

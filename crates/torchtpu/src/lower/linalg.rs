@@ -8,7 +8,7 @@ use crate::args::Tensor;
 use crate::dtype::DType;
 use crate::ensure;
 use crate::error::Result;
-use crate::ir::{ReduceKind, V};
+use crate::ir::{Graph, ReduceKind, V};
 
 pub static ENTRIES: &[Entry] = &[
     op("mm", mm),
@@ -217,9 +217,7 @@ fn dot(cx: &mut Cx) -> Result<Vec<V>> {
 // ------------------------------------------------------------------ factorizations and solves
 //
 // StableHLO has `cholesky` and `triangular_solve`; XLA expands both into
-// its own blocked algorithms on every platform. LU, QR, SVD and eigh are
-// LAPACK custom calls that live in jaxlib, not in PJRT plugins: those
-// operators stay CPU fallbacks (docs/ARCHITECTURE.md).
+// its own blocked algorithms on every platform. LU, QR and eigh: factor.rs.
 
 /// `what`'s checks of a batch of square floating-point matrices.
 fn check_square(t: &Tensor, what: &str, name: &str) -> Result<()> {
@@ -240,7 +238,7 @@ fn check_square(t: &Tensor, what: &str, name: &str) -> Result<()> {
 }
 
 /// CPU's LAPACK `kernel` has float32 and float64 only.
-fn lapack_dtype(t: &Tensor, kernel: &str) -> Result<()> {
+pub(super) fn lapack_dtype(t: &Tensor, kernel: &str) -> Result<()> {
     if !matches!(t.dtype, DType::F32 | DType::F64) {
         return Err(not_implemented(kernel, t.dtype));
     }
@@ -262,8 +260,8 @@ fn cholesky(cx: &mut Cx) -> Result<Vec<V>> {
     let x = cx.tensor("self")?;
     let f = cx.g.cholesky(x, !upper);
     // StableHLO leaves the other triangle unspecified.
-    let f = keep_triangle(cx, f, !upper, 0);
-    let on_diagonal = diagonal_mask(cx, t.sizes);
+    let f = keep_triangle(&mut cx.g, f, !upper, 0);
+    let on_diagonal = diagonal_mask(&mut cx.g, t.sizes);
     let zero = cx.g.full(0.0, t.dtype, t.sizes);
     let diagonal = cx.g.select(on_diagonal, f, zero);
     let diagonal = cx.g.reduce(ReduceKind::Sum, diagonal, &[r - 1]);
@@ -292,11 +290,11 @@ fn cholesky(cx: &mut Cx) -> Result<Vec<V>> {
 }
 
 /// True on the main diagonal of each trailing matrix of `shape`.
-fn diagonal_mask(cx: &mut Cx, shape: &[i64]) -> V {
+pub(super) fn diagonal_mask(g: &mut Graph, shape: &[i64]) -> V {
     let r = shape.len();
-    let rows = cx.g.iota(DType::I64, shape, r - 2);
-    let cols = cx.g.iota(DType::I64, shape, r - 1);
-    cx.g.compare("EQ", rows, cols)
+    let rows = g.iota(DType::I64, shape, r - 2);
+    let cols = g.iota(DType::I64, shape, r - 1);
+    g.compare("EQ", rows, cols)
 }
 
 /// Both operands with their batch dimensions broadcast together.
@@ -360,7 +358,7 @@ fn cholesky_inverse(cx: &mut Cx) -> Result<Vec<V>> {
     let r = t.sizes.len();
     ensure!(r >= 2, "cholesky_inverse: The input tensor input must have at least 2 dimensions.");
     let f = cx.tensor("self")?;
-    let on_diagonal = diagonal_mask(cx, t.sizes);
+    let on_diagonal = diagonal_mask(&mut cx.g, t.sizes);
     let (one, zero) = (cx.g.full(1.0, t.dtype, t.sizes), cx.g.full(0.0, t.dtype, t.sizes));
     let identity = cx.g.select(on_diagonal, one, zero);
     let upper = cx.bool("upper")?;

@@ -26,6 +26,7 @@ mod bag;
 mod conv;
 mod distance;
 mod elementwise;
+mod factor;
 mod factory;
 mod fold;
 mod grid;
@@ -85,6 +86,7 @@ fn table() -> impl Iterator<Item = &'static Entry> {
         conv::ENTRIES,
         distance::ENTRIES,
         elementwise::ENTRIES,
+        factor::ENTRIES,
         factory::ENTRIES,
         fold::ENTRIES,
         grid::ENTRIES,
@@ -535,10 +537,15 @@ impl<'a> Cx<'a> {
     }
 
     /// Raises `kind`(`message`) after execution if `flag` (a bool scalar) is
-    /// true; `{}` in the message becomes `value` (an integer scalar), so that
-    /// errors name the offending element as PyTorch's CPU kernels do.
+    /// true; the `{}`s in the message become the numbers of `value` (an
+    /// integer scalar or vector), so that errors name the offending element
+    /// as PyTorch's CPU kernels do.
     pub fn check(&mut self, flag: V, value: Option<V>, kind: Kind, message: impl Into<String>) {
-        let value = value.map(|v| self.g.convert(v, DType::I64));
+        let value = value.map(|v| {
+            let n = self.g.ty(v).numel();
+            let v = self.g.convert(v, DType::I64);
+            self.g.reshape(v, &[n])
+        });
         self.checks.push(Check { flag, value, kind, message: message.into() });
     }
 

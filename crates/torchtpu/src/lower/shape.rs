@@ -4,7 +4,7 @@ use super::{op, wrap_dim, Cx, Entry};
 use crate::args::Tensor;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::ir::V;
+use crate::ir::{Graph, V};
 
 pub static ENTRIES: &[Entry] =
     &[op("cat", cat), op("flip", flip), op("tril", |cx| triangle(cx, true)), op("triu", |cx| triangle(cx, false))];
@@ -56,21 +56,21 @@ fn triangle(cx: &mut Cx, lower: bool) -> Result<Vec<V>> {
     }
     let x = cx.tensor("self")?;
     let diagonal = cx.int("diagonal")?;
-    Ok(vec![keep_triangle(cx, x, lower, diagonal)])
+    Ok(vec![keep_triangle(&mut cx.g, x, lower, diagonal)])
 }
 
 /// The lower (or upper) triangle of each trailing matrix of `x`, from
 /// `diagonal` (0 is the main one) down (or up); zeros elsewhere.
-pub fn keep_triangle(cx: &mut Cx, x: V, lower: bool, diagonal: i64) -> V {
-    let ty = cx.g.ty(x).clone();
+pub fn keep_triangle(g: &mut Graph, x: V, lower: bool, diagonal: i64) -> V {
+    let ty = g.ty(x).clone();
     let rank = ty.rank();
-    let rows = cx.g.iota(DType::I64, &ty.shape, rank - 2);
-    let cols = cx.g.iota(DType::I64, &ty.shape, rank - 1);
-    let offset = cx.g.binary("stablehlo.subtract", cols, rows);
-    let diagonal = cx.g.full(diagonal as f64, DType::I64, &ty.shape);
-    let keep = cx.g.compare(if lower { "LE" } else { "GE" }, offset, diagonal);
-    let zero = cx.g.full(0.0, ty.dtype, &ty.shape);
-    cx.g.select(keep, x, zero)
+    let rows = g.iota(DType::I64, &ty.shape, rank - 2);
+    let cols = g.iota(DType::I64, &ty.shape, rank - 1);
+    let offset = g.binary("stablehlo.subtract", cols, rows);
+    let diagonal = g.full(diagonal as f64, DType::I64, &ty.shape);
+    let keep = g.compare(if lower { "LE" } else { "GE" }, offset, diagonal);
+    let zero = g.full(0.0, ty.dtype, &ty.shape);
+    g.select(keep, x, zero)
 }
 
 fn cat(cx: &mut Cx) -> Result<Vec<V>> {

@@ -1,0 +1,667 @@
+//! Matrix factorizations and what is built on them: LU with partial
+//! pivoting (solves, inverses, determinants), QR and the symmetric
+//! eigendecomposition.
+//!
+//! QR and eigh are XLA custom calls ("Qr", "ProductOfElementaryHouseholderReflectors",
+//! "Eigh") that XLA's compilers expand into their own blocked Householder and
+//! Jacobi algorithms on every platform; "Qr" returns LAPACK's `geqrf` layout
+//! (R above the diagonal, reflectors below, and their scales). XLA has no LU
+//! expander (JAX calls LAPACK on CPU), so LU is written here: column by column,
+//! each step a pivot search, a row swap and a rank-1 update of the trailing
+//! block (the program grows with the matrix's order). Results follow LAPACK's
+//! `getrf`: the first row of largest magnitude is the pivot, the column is
+//! scaled by the pivot's reciprocal, and `info` names the first zero pivot.
+//!
+//! Where CPU factors the transpose of a contiguous input (`_linalg_det`,
+//! `_linalg_slogdet`: its LU and pivots are outputs that their backward
+//! formulas read with the same rule), so does tpu.
+use super::elementwise::cpp_name;
+use super::linalg::{diagonal_mask, lapack_dtype};
+use super::shape::keep_triangle;
+use super::{op, Cx, Entry, UNDEFINED};
+use crate::args::Tensor;
+use crate::dtype::DType;
+use crate::ensure;
+use crate::error::{Kind, Result};
+use crate::ir::{broadcast_all, Graph, ReduceKind, Ty, V};
+
+pub static ENTRIES: &[Entry] = &[
+    op("linalg_lu_factor_ex", lu_factor_ex),
+    op("linalg_lu", lu),
+    op("lu_unpack", lu_unpack),
+    op("linalg_lu_solve", lu_solve),
+    op("_linalg_solve_ex", solve_ex),
+    op("linalg_inv_ex", inv_ex),
+    op("_linalg_det", det),
+    op("_linalg_slogdet", slogdet),
+    op("geqrf", geqrf),
+    op("linalg_householder_product", householder_product),
+    op("linalg_qr", qr),
+    op("_linalg_eigh", eigh),
+];
+
+/// The batch dimensions and the two matrix dimensions of a shape.
+fn split(shape: &[i64]) -> (Vec<i64>, i64, i64) {
+    let r = shape.len();
+    (shape[..r - 2].to_vec(), shape[r - 2], shape[r - 1])
+}
+
+fn with(batch: &[i64], tail: &[i64]) -> Vec<i64> {
+    batch.iter().chain(tail).copied().collect()
+}
+
+/// Rows `rows` and columns `cols` of each trailing matrix.
+fn block(g: &mut Graph, a: V, rows: (i64, i64), cols: (i64, i64)) -> V {
+    let shape = g.ty(a).shape.clone();
+    let r = shape.len();
+    let mut start = vec![0; r];
+    let mut limit = shape.clone();
+    (start[r - 2], limit[r - 2], start[r - 1], limit[r - 1]) = (rows.0, rows.1, cols.0, cols.1);
+    g.slice(a, &start, &limit, &vec![1; r])
+}
+
+/// The last two dimensions swapped.
+fn transpose(g: &mut Graph, a: V) -> V {
+    let r = g.ty(a).rank() as i64;
+    let perm: Vec<i64> = (0..r - 2).chain([r - 1, r - 2]).collect();
+    g.transpose(a, &perm)
+}
+
+/// `a` broadcast to `batch` + its matrix dimensions.
+fn to_batch(g: &mut Graph, a: V, batch: &[i64], tail: usize) -> V {
+    let shape = g.ty(a).shape.clone();
+    g.broadcast_to(a, &with(batch, &shape[shape.len() - tail..]))
+}
+
+/// Concatenation of the non-empty `parts` along `dim`.
+fn concat(g: &mut Graph, parts: &[V], dim: usize) -> V {
+    let parts: Vec<V> = parts.iter().copied().filter(|&p| g.ty(p).shape[dim] > 0).collect();
+    g.concatenate(&parts, dim)
+}
+
+/// A scalar splat to `v`'s shape.
+fn splat(g: &mut Graph, value: f64, v: V) -> V {
+    let ty = g.ty(v).clone();
+    g.full(value, ty.dtype, &ty.shape)
+}
+
+/// The identity's first `cols` columns, for each of `batch`.
+fn eye(g: &mut Graph, dtype: DType, batch: &[i64], rows: i64, cols: i64) -> V {
+    let shape = with(batch, &[rows, cols]);
+    let diagonal = diagonal_mask(g, &shape);
+    let (one, zero) = (g.full(1.0, dtype, &shape), g.full(0.0, dtype, &shape));
+    g.select(diagonal, one, zero)
+}
+
+// ------------------------------------------------------------------ LU
+
+/// An LU factorization: the packed factors, 1-based int32 pivots
+/// ([batch, min(m, n)]) and int32 `info` per matrix (the first zero pivot,
+/// 1-based, or 0).
+struct Lu {
+    lu: V,
+    pivots: V,
+    info: V,
+}
+
+fn factor(g: &mut Graph, a: V) -> Lu {
+    let ty = g.ty(a).clone();
+    let (batch, m, n) = split(&ty.shape);
+    let r = ty.rank();
+    let batch_dims: Vec<i64> = (0..r as i64 - 2).collect();
+    let rows = g.iota(DType::I64, &ty.shape, r - 2);
+    let mut a = a;
+    let mut pivots = Vec::new();
+    let mut info = g.full(0.0, DType::I32, &batch);
+    for k in 0..m.min(n) {
+        // The pivot: the first row of largest magnitude at or below row k.
+        let column = block(g, a, (k, m), (k, k + 1));
+        let column = g.reshape(column, &with(&batch, &[m - k]));
+        let magnitude = g.unary("stablehlo.abs", column);
+        let p = g.arg_reduce(magnitude, r - 2, true);
+        let offset = g.full(k as f64, DType::I64, &batch);
+        let p = g.binary("stablehlo.add", p, offset);
+        let one = g.full(1.0, DType::I64, &batch);
+        let numbered = g.binary("stablehlo.add", p, one);
+        let numbered = g.convert(numbered, DType::I32);
+        pivots.push(g.reshape(numbered, &with(&batch, &[1])));
+        // Swap rows k and p (exactly: selects, and a max over one row).
+        let p_rows = g.broadcast_in_dim(p, &ty.shape, &batch_dims);
+        let is_p = g.compare("EQ", rows, p_rows);
+        let k_rows = g.full(k as f64, DType::I64, &ty.shape);
+        let is_k = g.compare("EQ", rows, k_rows);
+        let lowest = g.full(f64::NEG_INFINITY, ty.dtype, &ty.shape);
+        let only_p = g.select(is_p, a, lowest);
+        let row_p = g.reduce(ReduceKind::Max, only_p, &[r - 2]);
+        let keep: Vec<i64> = batch_dims.iter().copied().chain([r as i64 - 1]).collect();
+        let row_p = g.broadcast_in_dim(row_p, &ty.shape, &keep);
+        let row_k = block(g, a, (k, k + 1), (0, n));
+        let all: Vec<i64> = (0..r as i64).collect();
+        let row_k = g.broadcast_in_dim(row_k, &ty.shape, &all);
+        let swapped = g.select(is_p, row_k, a);
+        a = g.select(is_k, row_p, swapped);
+        // info: the first zero pivot.
+        let pivot = block(g, a, (k, k + 1), (k, k + 1));
+        let zero = splat(g, 0.0, pivot);
+        let singular = g.compare("EQ", pivot, zero);
+        let singular = g.reshape(singular, &batch);
+        let no_info = g.full(0.0, DType::I32, &batch);
+        let first = g.compare("EQ", info, no_info);
+        let first = g.binary("stablehlo.and", first, singular);
+        let order = g.full((k + 1) as f64, DType::I32, &batch);
+        info = g.select(first, order, info);
+        if k + 1 == m {
+            continue;
+        }
+        // Scale the column below the pivot (by its reciprocal unless that
+        // would overflow, as LAPACK's getf2) and update the trailing block.
+        let below = block(g, a, (k + 1, m), (k, k + 1));
+        let shape = g.ty(below).shape.clone();
+        let pivot = g.broadcast_in_dim(pivot, &shape, &all);
+        let one = splat(g, 1.0, pivot);
+        let reciprocal = g.binary("stablehlo.divide", one, pivot);
+        let scaled = g.binary("stablehlo.multiply", below, reciprocal);
+        let divided = g.binary("stablehlo.divide", below, pivot);
+        let magnitude = g.unary("stablehlo.abs", pivot);
+        let tiny = splat(g, if ty.dtype == DType::F32 { f32::MIN_POSITIVE as f64 } else { f64::MIN_POSITIVE }, pivot);
+        let safe = g.compare("GE", magnitude, tiny);
+        let l = g.select(safe, scaled, divided);
+        let zero = splat(g, 0.0, pivot);
+        let singular = g.compare("EQ", pivot, zero);
+        let l = g.select(singular, below, l);
+        let trailing = block(g, a, (k + 1, m), (k + 1, n));
+        let trailing = if n > k + 1 {
+            let tshape = g.ty(trailing).shape.clone();
+            let u = block(g, a, (k, k + 1), (k + 1, n));
+            let u = g.broadcast_in_dim(u, &tshape, &all);
+            let lb = g.broadcast_in_dim(l, &tshape, &all);
+            let product = g.binary("stablehlo.multiply", lb, u);
+            g.binary("stablehlo.subtract", trailing, product)
+        } else {
+            trailing
+        };
+        let left = block(g, a, (k + 1, m), (0, k));
+        let lower = concat(g, &[left, l, trailing], r - 1);
+        let top = block(g, a, (0, k + 1), (0, n));
+        a = g.concatenate(&[top, lower], r - 2);
+    }
+    let pivots =
+        if pivots.is_empty() { g.full(0.0, DType::I32, &with(&batch, &[0])) } else { concat(g, &pivots, r - 2) };
+    Lu { lu: a, pivots, info }
+}
+
+/// The row permutation pivots describe: `perm[i]` is the row of A that is
+/// row i of `P^T A` (i64, [batch, m]); applying the swaps one by one.
+fn permutation(g: &mut Graph, pivots: V, m: i64) -> V {
+    let shape = g.ty(pivots).shape.clone();
+    let (batch, k) = (&shape[..shape.len() - 1], shape[shape.len() - 1]);
+    let r = shape.len();
+    let full = with(batch, &[m]);
+    let batch_dims: Vec<i64> = (0..r as i64 - 1).collect();
+    let index = g.iota(DType::I64, &full, r - 1);
+    let mut perm = index;
+    for s in 0..k {
+        let p = g.slice_dim(pivots, r - 1, s, s + 1, 1);
+        let p = g.convert(p, DType::I64);
+        let one = splat(g, 1.0, p);
+        let p = g.binary("stablehlo.subtract", p, one);
+        let p = g.reshape(p, batch);
+        let p = g.broadcast_in_dim(p, &full, &batch_dims);
+        let is_p = g.compare("EQ", index, p);
+        let s_index = g.full(s as f64, DType::I64, &full);
+        let is_s = g.compare("EQ", index, s_index);
+        let lowest = g.full(i64::MIN as f64, DType::I64, &full);
+        let only_p = g.select(is_p, perm, lowest);
+        let at_p = g.reduce(ReduceKind::Max, only_p, &[r - 1]);
+        let at_p = g.broadcast_in_dim(at_p, &full, &batch_dims);
+        let at_s = g.slice_dim(perm, r - 1, s, s + 1, 1);
+        let all: Vec<i64> = (0..r as i64).collect();
+        let at_s = g.broadcast_in_dim(at_s, &full, &all);
+        let swapped = g.select(is_p, at_s, perm);
+        perm = g.select(is_s, at_p, swapped);
+    }
+    perm
+}
+
+/// Row `perm[i]` of each matrix of `b` as its row i (`inverse`: row i as
+/// row `perm[i]`); `perm` has b's batch dimensions.
+fn permute_rows(g: &mut Graph, b: V, perm: V, inverse: bool) -> V {
+    let ty = g.ty(b).clone();
+    let (batch, n, k) = split(&ty.shape);
+    let count: i64 = batch.iter().product();
+    let rows = g.reshape(b, &[count * n, k]);
+    // Row indices into the flattened batch: perm + n * (batch element).
+    let perm = g.reshape(perm, &[count, n]);
+    let base = g.iota(DType::I64, &[count, n], 0);
+    let stride = g.full(n as f64, DType::I64, &[count, n]);
+    let base = g.binary("stablehlo.multiply", base, stride);
+    let index = g.binary("stablehlo.add", perm, base);
+    let index = g.reshape(index, &[count * n]);
+    let out = if inverse {
+        let zeros = g.full(0.0, ty.dtype, &[count * n, k]);
+        g.put(zeros, index, rows, 0, None)
+    } else {
+        g.take(rows, index, 0)
+    };
+    g.reshape(out, &ty.shape)
+}
+
+/// Solves `A X = B` (`adjoint`: `A^T X = B`) from A's LU factors; B has
+/// the batch dimensions of the result.
+fn solve_left(g: &mut Graph, lu: V, pivots: V, b: V, adjoint: bool) -> V {
+    let (batch, n, _) = split(&g.ty(b).shape.clone());
+    let lu = to_batch(g, lu, &batch, 2);
+    let pivots = to_batch(g, pivots, &batch, 1);
+    let perm = permutation(g, pivots, n);
+    if adjoint {
+        // A^T = U^T L^T P^T: solve U^T, then L^T, then undo the permutation.
+        let y = g.triangular_solve(lu, b, true, false, false, true);
+        let z = g.triangular_solve(lu, y, true, true, true, true);
+        permute_rows(g, z, perm, true)
+    } else {
+        let pb = permute_rows(g, b, perm, false);
+        let y = g.triangular_solve(lu, pb, true, true, true, false);
+        g.triangular_solve(lu, y, true, false, false, false)
+    }
+}
+
+/// `A X = B` (or `X A = B` when not `left`; `adjoint` uses A^T).
+fn solve_with(g: &mut Graph, lu: &Lu, b: V, left: bool, adjoint: bool) -> V {
+    if left {
+        return solve_left(g, lu.lu, lu.pivots, b, adjoint);
+    }
+    // X A = B  <=>  A^T X^T = B^T.
+    let bt = transpose(g, b);
+    let x = solve_left(g, lu.lu, lu.pivots, bt, !adjoint);
+    transpose(g, x)
+}
+
+/// Raises CPU's `_linalg_check_errors` error for the first matrix whose
+/// `info` is non-zero; `message` names its `info` as `{}` (after the batch
+/// element's index when batched).
+fn check_info(cx: &mut Cx, info: V, kind: Kind, api: &str, message: &str, values: impl Fn(&mut Graph, V) -> Vec<V>) {
+    let batch = cx.g.ty(info).shape.clone();
+    let zero = cx.g.full(0.0, DType::I32, &batch);
+    let bad = cx.g.compare("NE", info, zero);
+    let count: i64 = batch.iter().product();
+    let bad = cx.g.reshape(bad, &[count]);
+    let info = cx.g.reshape(info, &[count]);
+    let any = cx.g.reduce(ReduceKind::Or, bad, &[0]);
+    let flags = cx.g.convert(bad, DType::U8);
+    let element = cx.g.arg_reduce(flags, 0, true);
+    let index = cx.g.reshape(element, &[1]);
+    let first = cx.g.take(info, index, 0);
+    let first = cx.g.convert(first, DType::I64);
+    let mut parts = values(&mut cx.g, first);
+    let prefix = if batch.is_empty() {
+        ""
+    } else {
+        parts.insert(0, index);
+        "(Batch element {}): "
+    };
+    let value = cx.g.concatenate(&parts, 0);
+    cx.check(any, Some(value), kind, format!("{api}: {prefix}{message}"));
+}
+
+/// The factorization `linalg_lu_factor_ex` computes, after CPU's checks.
+fn factored(cx: &mut Cx, name: &str, transposed: bool) -> Result<Lu> {
+    let t = cx.meta(name)?;
+    lapack_dtype(&t, "lu_cpu")?;
+    let a = cx.tensor(name)?;
+    let a = if transposed { transpose(&mut cx.g, a) } else { a };
+    Ok(factor(&mut cx.g, a))
+}
+
+fn check_pivot(cx: &Cx) -> Result<()> {
+    ensure!(cx.bool("pivot")?, "linalg.lu_factor: LU without pivoting is not implemented on the CPU");
+    Ok(())
+}
+
+fn lu_factor_ex(cx: &mut Cx) -> Result<Vec<V>> {
+    check_pivot(cx)?;
+    let lu = factored(cx, "A", false)?;
+    if cx.bool("check_errors")? {
+        check_info(
+            cx,
+            lu.info,
+            Kind::Runtime,
+            "torch.linalg.lu_factor_ex",
+            "U[{},{}] is zero and using it on lu_solve would result in a division by zero. If you still want to perform the factorization, consider calling linalg.lu(A, pivot) or linalg.lu_factor_ex(A, pivot)",
+            |_, info| vec![info, info],
+        );
+    }
+    Ok(vec![lu.lu, lu.pivots, lu.info])
+}
+
+/// P, L and U from packed factors (each UNDEFINED-free; `unpack_*` false
+/// gives empty tensors, as CPU).
+fn unpack(g: &mut Graph, lu: &Lu, data: bool, pivots: bool) -> Vec<V> {
+    let ty = g.ty(lu.lu).clone();
+    let (batch, m, n) = split(&ty.shape);
+    let k = m.min(n);
+    let empty = |g: &mut Graph| g.full(0.0, ty.dtype, &[0]);
+    let p = if pivots {
+        // P[perm[j], j] = 1, so that A = P L U.
+        let perm = permutation(g, lu.pivots, m);
+        let shape = with(&batch, &[m, m]);
+        let r = shape.len();
+        let rows = g.iota(DType::I64, &shape, r - 2);
+        let dims: Vec<i64> = (0..r as i64 - 2).chain([r as i64 - 1]).collect();
+        let perm = g.broadcast_in_dim(perm, &shape, &dims);
+        let hit = g.compare("EQ", rows, perm);
+        let (one, zero) = (g.full(1.0, ty.dtype, &shape), g.full(0.0, ty.dtype, &shape));
+        g.select(hit, one, zero)
+    } else {
+        empty(g)
+    };
+    if !data {
+        return vec![p, empty(g), empty(g)];
+    }
+    let l = block(g, lu.lu, (0, m), (0, k));
+    let l = lower_unit(g, l);
+    let u = block(g, lu.lu, (0, k), (0, n));
+    let u = keep_triangle(g, u, false, 0);
+    vec![p, l, u]
+}
+
+/// The strictly lower triangle plus the identity.
+fn lower_unit(g: &mut Graph, l: V) -> V {
+    let ty = g.ty(l).clone();
+    let (batch, m, k) = split(&ty.shape);
+    let strict = keep_triangle(g, l, true, -1);
+    let identity = eye(g, ty.dtype, &batch, m, k);
+    g.binary("stablehlo.add", strict, identity)
+}
+
+fn lu(cx: &mut Cx) -> Result<Vec<V>> {
+    check_pivot(cx)?;
+    let lu = factored(cx, "A", false)?;
+    Ok(unpack(&mut cx.g, &lu, true, true))
+}
+
+/// Data-dependent checks of pivots handed in by the user (`api`'s messages).
+fn check_pivots(cx: &mut Cx, pivots: V, n: i64, low: &str, high: &str) {
+    let shape = cx.g.ty(pivots).shape.clone();
+    let dims: Vec<usize> = (0..shape.len()).collect();
+    for (dir, bound, message) in [("LT", 1, low), ("GT", n, high)] {
+        let limit = cx.g.full(bound as f64, DType::I32, &shape);
+        let bad = cx.g.compare(dir, pivots, limit);
+        let any = cx.g.reduce(ReduceKind::Or, bad, &dims);
+        cx.check(any, None, Kind::Runtime, message);
+    }
+}
+
+fn lu_unpack(cx: &mut Cx) -> Result<Vec<V>> {
+    let t = cx.meta("LU_data")?;
+    let (data, pivots) = (cx.bool("unpack_data")?, cx.bool("unpack_pivots")?);
+    let lu = cx.tensor("LU_data")?;
+    let piv = cx.tensor("LU_pivots")?;
+    if pivots && t.numel() > 0 {
+        let message = "pivots passed to lu_unpack must be between 1 and LU.size(-2) inclusive.Did you properly pass the result of lu_factor?";
+        check_pivots(cx, piv, t.sizes[t.sizes.len() - 2], message, message);
+    }
+    let info = UNDEFINED;
+    Ok(unpack(&mut cx.g, &Lu { lu, pivots: piv, info }, data, pivots))
+}
+
+fn lu_solve(cx: &mut Cx) -> Result<Vec<V>> {
+    let (t, tb) = (cx.meta("LU")?, cx.meta("B")?);
+    let (left, adjoint) = (cx.bool("left")?, cx.bool("adjoint")?);
+    let (lu, pivots) = (cx.tensor("LU")?, cx.tensor("pivots")?);
+    let b = cx.tensor("B")?;
+    let r = t.sizes.len();
+    let n = t.sizes[r - 1];
+    if t.numel() > 0 && tb.numel() > 0 {
+        check_pivots(
+            cx,
+            pivots,
+            n,
+            "Pivots given to lu_solve must all be greater or equal to 1. Did you properly pass the result of lu_factor?",
+            "Pivots given to lu_solve must all be smaller or equal to LU.size(-2). Did you properly pass the result of lu_factor?",
+        );
+    }
+    let rb = tb.sizes.len();
+    let batch = broadcast_all(&[&t.sizes[..r - 2], &tb.sizes[..rb - 2]])?;
+    if batch.contains(&0) || tb.numel() == 0 {
+        return Ok(vec![cx.g.full(0.0, tb.dtype, &with(&batch, &tb.sizes[rb - 2..]))]);
+    }
+    let b = to_batch(&mut cx.g, b, &batch, 2);
+    Ok(vec![solve_with(&mut cx.g, &Lu { lu, pivots, info: UNDEFINED }, b, left, adjoint)])
+}
+
+/// CPU factors A^T when A is contiguous (see the module's comment).
+fn factors_transpose(t: &Tensor) -> bool {
+    t.view().is_contiguous()
+}
+
+fn solve_ex(cx: &mut Cx) -> Result<Vec<V>> {
+    let (ta, tb) = (cx.meta("A")?, cx.meta("B")?);
+    let left = cx.bool("left")?;
+    let ra = ta.sizes.len();
+    let vector = tb.sizes.len() == 1 || (tb.sizes.len() + 1 == ra && tb.sizes == &ta.sizes[..ra - 1]);
+    let lu = factored(cx, "A", false)?;
+    let b = cx.tensor("B")?;
+    let b = if vector {
+        let mut shape = tb.sizes.to_vec();
+        shape.insert(if left { shape.len() } else { shape.len() - 1 }, 1);
+        cx.g.reshape(b, &shape)
+    } else {
+        b
+    };
+    let bshape = cx.g.ty(b).shape.clone();
+    let batch = broadcast_all(&[&ta.sizes[..ra - 2], &bshape[..bshape.len() - 2]])?;
+    let out = with(&batch, &bshape[bshape.len() - 2..]);
+    let x = if out.contains(&0) {
+        cx.g.full(0.0, ta.dtype, &out)
+    } else {
+        let b = to_batch(&mut cx.g, b, &batch, 2);
+        solve_with(&mut cx.g, &lu, b, left, false)
+    };
+    let x = if vector {
+        let mut shape = out.clone();
+        shape.remove(if left { shape.len() - 1 } else { shape.len() - 2 });
+        cx.g.reshape(x, &shape)
+    } else {
+        x
+    };
+    if cx.bool("check_errors")? {
+        check_info(
+            cx,
+            lu.info,
+            Kind::LinAlg,
+            "torch.linalg.solve_ex",
+            "The solver failed because the input matrix is singular.",
+            |_, _| vec![],
+        );
+    }
+    Ok(vec![x, lu.lu, lu.pivots, lu.info])
+}
+
+fn inv_ex(cx: &mut Cx) -> Result<Vec<V>> {
+    let t = cx.meta("A")?;
+    let lu = factored(cx, "A", false)?;
+    let (batch, n, _) = split(t.sizes);
+    let identity = eye(&mut cx.g, t.dtype, &batch, n, n);
+    let inverse = if t.numel() == 0 { identity } else { solve_with(&mut cx.g, &lu, identity, true, false) };
+    if cx.bool("check_errors")? {
+        check_info(
+            cx,
+            lu.info,
+            Kind::LinAlg,
+            "linalg.inv_ex",
+            "The diagonal element {} is zero, the inversion could not be completed because the input matrix is singular.",
+            |_, info| vec![info],
+        );
+    }
+    Ok(vec![inverse, lu.info])
+}
+
+/// The diagonal of U, and the permutation's sign (+1 or -1), per matrix.
+fn diagonal_and_sign(g: &mut Graph, lu: &Lu) -> (V, V) {
+    let ty = g.ty(lu.lu).clone();
+    let (batch, n, _) = split(&ty.shape);
+    let r = ty.rank();
+    let on = diagonal_mask(g, &ty.shape);
+    let zero = g.full(0.0, ty.dtype, &ty.shape);
+    let diagonal = g.select(on, lu.lu, zero);
+    let diagonal = g.reduce(ReduceKind::Sum, diagonal, &[r - 1]);
+    // Each pivot that is not its own row swaps two rows.
+    let pshape = with(&batch, &[n]);
+    let own = g.iota(DType::I32, &pshape, r - 2);
+    let one = g.full(1.0, DType::I32, &pshape);
+    let own = g.binary("stablehlo.add", own, one);
+    let swapped = g.compare("NE", lu.pivots, own);
+    let (minus, plus) = (g.full(-1.0, ty.dtype, &pshape), g.full(1.0, ty.dtype, &pshape));
+    let signs = g.select(swapped, minus, plus);
+    let sign = g.reduce(ReduceKind::Prod, signs, &[r - 2]);
+    (diagonal, sign)
+}
+
+/// The factors `_linalg_det` and `_linalg_slogdet` return.
+fn determinant_input(cx: &mut Cx) -> Result<Lu> {
+    let transposed = factors_transpose(&cx.meta("A")?);
+    factored(cx, "A", transposed)
+}
+
+fn det(cx: &mut Cx) -> Result<Vec<V>> {
+    let lu = determinant_input(cx)?;
+    let (diagonal, sign) = diagonal_and_sign(&mut cx.g, &lu);
+    let r = cx.g.ty(diagonal).rank();
+    let product = cx.g.reduce(ReduceKind::Prod, diagonal, &[r - 1]);
+    let det = cx.g.binary("stablehlo.multiply", product, sign);
+    Ok(vec![det, lu.lu, lu.pivots])
+}
+
+fn slogdet(cx: &mut Cx) -> Result<Vec<V>> {
+    let lu = determinant_input(cx)?;
+    let (diagonal, sign) = diagonal_and_sign(&mut cx.g, &lu);
+    let r = cx.g.ty(diagonal).rank();
+    let signs = cx.g.unary("stablehlo.sign", diagonal);
+    let signs = cx.g.reduce(ReduceKind::Prod, signs, &[r - 1]);
+    let sign = cx.g.binary("stablehlo.multiply", signs, sign);
+    let magnitude = cx.g.unary("stablehlo.abs", diagonal);
+    let logs = cx.g.unary("stablehlo.log", magnitude);
+    let logabsdet = cx.g.reduce(ReduceKind::Sum, logs, &[r - 1]);
+    Ok(vec![sign, logabsdet, lu.lu, lu.pivots])
+}
+
+// ------------------------------------------------------------------ QR and eigh
+
+/// LAPACK's `geqrf` of each matrix: (R and the reflectors, their scales).
+fn householder(g: &mut Graph, a: V) -> (V, V) {
+    let ty = g.ty(a).clone();
+    let (batch, m, n) = split(&ty.shape);
+    let tau = Ty::new(ty.dtype, &with(&batch, &[m.min(n)]));
+    if ty.numel() == 0 {
+        return (a, g.full(0.0, ty.dtype, &tau.shape));
+    }
+    let r = g.custom_call("Qr", "", &[a], &[ty, tau]);
+    (r[0], r[1])
+}
+
+/// The product of the reflectors `a` (m x n, m >= n) and `tau` describe:
+/// the first n columns of H_1 ... H_k (LAPACK's `orgqr`).
+fn reflectors_product(g: &mut Graph, a: V, tau: V) -> V {
+    let ty = g.ty(a).clone();
+    let (batch, m, n) = split(&ty.shape);
+    if ty.numel() == 0 || g.ty(tau).numel() == 0 {
+        return eye(g, ty.dtype, &batch, m, n);
+    }
+    g.custom_call("ProductOfElementaryHouseholderReflectors", "", &[a, tau], &[ty])[0]
+}
+
+fn geqrf(cx: &mut Cx) -> Result<Vec<V>> {
+    let t = cx.meta("self")?;
+    ensure!(t.sizes.len() >= 2, "torch.geqrf: input must have at least 2 dimensions.");
+    lapack_dtype(&t, "geqrf_cpu")?;
+    let a = cx.tensor("self")?;
+    let (a, tau) = householder(&mut cx.g, a);
+    Ok(vec![a, tau])
+}
+
+fn householder_product(cx: &mut Cx) -> Result<Vec<V>> {
+    let (t, tt) = (cx.meta("input")?, cx.meta("tau")?);
+    let what = "torch.linalg.householder_product";
+    let r = t.sizes.len();
+    ensure!(r >= 2, "{what}: input must have at least 2 dimensions.");
+    ensure!(
+        t.sizes[r - 2] >= t.sizes[r - 1],
+        "{what}: input.shape[-2] must be greater than or equal to input.shape[-1]"
+    );
+    ensure!(
+        tt.sizes.len() + 1 == r,
+        "{what}: Expected tau to have one dimension less than input, but got tau.ndim equal to {} and input.ndim is equal to {r}",
+        tt.sizes.len()
+    );
+    ensure!(
+        t.sizes[r - 1] >= tt.sizes[r - 2],
+        "{what}: input.shape[-1] must be greater than or equal to tau.shape[-1]"
+    );
+    ensure!(
+        tt.sizes[..r - 2] == t.sizes[..r - 2],
+        "{what}: Expected batch dimensions of tau to be equal to input.shape[:-2], but got {:?}",
+        &tt.sizes[..r - 2]
+    );
+    ensure!(
+        tt.dtype == t.dtype,
+        "{what}: tau dtype {} does not match input dtype {}",
+        cpp_name(tt.dtype),
+        cpp_name(t.dtype)
+    );
+    lapack_dtype(&t, "orgqr_cpu")?;
+    let (a, tau) = (cx.tensor("input")?, cx.tensor("tau")?);
+    Ok(vec![reflectors_product(&mut cx.g, a, tau)])
+}
+
+fn qr(cx: &mut Cx) -> Result<Vec<V>> {
+    let t = cx.meta("A")?;
+    let mode = cx.str("mode")?;
+    lapack_dtype(&t, "geqrf_cpu")?;
+    let (batch, m, n) = split(t.sizes);
+    let k = m.min(n);
+    let a = cx.tensor("A")?;
+    let (h, tau) = householder(&mut cx.g, a);
+    let complete = mode == "complete";
+    let r_rows = if complete { m } else { k };
+    let r = block(&mut cx.g, h, (0, r_rows), (0, n));
+    let r = keep_triangle(&mut cx.g, r, false, 0);
+    let q = match mode {
+        "r" => cx.g.full(0.0, t.dtype, &[0]),
+        _ => {
+            // Q's columns: k (reduced) or m (complete), from reflectors
+            // padded with zero columns where A has fewer.
+            let cols = if complete { m } else { k };
+            let reflectors = block(&mut cx.g, h, (0, m), (0, cols.min(n)));
+            let reflectors = if cols > n {
+                let zeros = cx.g.full(0.0, t.dtype, &with(&batch, &[m, cols - n]));
+                cx.g.concatenate(&[reflectors, zeros], batch.len() + 1)
+            } else {
+                reflectors
+            };
+            reflectors_product(&mut cx.g, reflectors, tau)
+        }
+    };
+    Ok(vec![q, r])
+}
+
+fn eigh(cx: &mut Cx) -> Result<Vec<V>> {
+    let t = cx.meta("A")?;
+    lapack_dtype(&t, "linalg_eigh_cpu")?;
+    let lower = cx.str("UPLO")? == "L";
+    let compute_v = cx.bool("compute_v")?;
+    let (batch, n, _) = split(t.sizes);
+    let a = cx.tensor("A")?;
+    let w = Ty::new(t.dtype, &with(&batch, &[n]));
+    let (vectors, values) = if t.numel() == 0 {
+        (a, cx.g.full(0.0, t.dtype, &w.shape))
+    } else {
+        // Jacobi sweeps until the off-diagonal norm is this small relative to
+        // the matrix's (a few ulps), sorted ascending as LAPACK's.
+        let tol = if t.dtype == DType::F32 { 1e-6 } else { 1e-14 };
+        let config = format!("{},1,100,{tol:e}", lower as i32);
+        let r = cx.g.custom_call("Eigh", &config, &[a], &[Ty::new(t.dtype, t.sizes), w]);
+        (r[0], r[1])
+    };
+    let vectors = if compute_v { vectors } else { cx.g.full(0.0, t.dtype, &[0]) };
+    Ok(vec![values, vectors])
+}
