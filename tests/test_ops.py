@@ -48,13 +48,17 @@ OPS = [
     "scatter_reduce.amax", "scatter_reduce.amin", "index_reduce.prod", "index_reduce.mean", "index_reduce.amax",
     "index_reduce.amin", "index_fill", "__getitem__", "index_put", "nonzero", "argwhere",
     "masked_select", "masked_scatter", "combinations", "nonzero_static", "unique", "fill", "zero_", "zeros", "ones", "full",
-    "zeros_like", "ones_like", "full_like", "new_zeros", "new_ones", "new_full", "arange",
+    "zeros_like", "ones_like", "full_like", "new_zeros", "new_ones", "new_full", "arange", "eye",
     "tril", "triu", "isposinf", "isneginf",
     # sorting and order statistics
     "sort", "argsort", "msort", "topk", "kthvalue", "median", "nanmedian", "mode", "cummax", "cummin", "logcumsumexp",
     # linear algebra
     "einsum", "linalg.norm", "linalg.matrix_norm", "norm", "norm.fro", "linalg.cholesky", "linalg.cholesky_ex",
-    "linalg.solve_triangular", "triangular_solve", "cholesky_solve", "cholesky_inverse", "cdist", "nn.functional.pdist",
+    "linalg.solve_triangular", "triangular_solve", "cholesky_solve", "cholesky_inverse",
+    "linalg.lu_factor", "linalg.lu_factor_ex", "linalg.lu", "lu", "lu_unpack", "linalg.lu_solve", "lu_solve",
+    "linalg.solve", "linalg.solve_ex", "linalg.inv", "linalg.inv_ex", "linalg.det", "linalg.slogdet", "logdet",
+    "linalg.matrix_power", "linalg.tensorinv", "linalg.tensorsolve", "geqrf", "linalg.householder_product",
+    "linalg.qr", "linalg.eigh", "linalg.eigvalsh", "cdist", "nn.functional.pdist",
     "nn.functional.unfold", "nn.functional.embedding_bag", "nn.functional.embedding",
     "grid_sampler_2d", "nn.functional.grid_sample",
     # convolutions and norms
@@ -89,6 +93,7 @@ KNOWN_GAPS = {
     ("gather", "errors"): "adapter: out= aliasing self gets the broadcast-shape error; CPU's gather raises its overlap error first",
     ("cat", "errors"): "adapter: cat(out=) must reject an out tensor that is one of the inputs",
     ("masked_select", "errors"): "adapter: out= aliasing an input gets the broadcast-shape error; CPU raises its overlap error first",
+    ("linalg.eigh", "out"): "out= holds the raw eigenvectors, defined up to sign (compared in canonical form elsewhere)",
     ("kthvalue", "errors"): "adapter: out= aliasing an input gets the broadcast-shape error; CPU raises its overlap error first",
     ("nn.functional.embedding_bag", "values", "bfloat16"): "bfloat16: CPU's embedding_renorm_ (max_norm) rounds rows one ulp apart from tpu's; per_sample_weights' sum cancels",
     # (entry, check, dtype): only that dtype.

@@ -45,7 +45,14 @@ TOLERANCES = {
     # Batched products of large-magnitude samples cancel in long sums.
     "matmul": {torch.float32: dict(atol=1e-4, rtol=1.3e-6)},
     # Gradients that sum products in another order: cancellation, as matmul.
-    **{name: {torch.float32: dict(atol=1e-4, rtol=1.3e-6)} for name in ("kron", "linalg.householder_product")},
+    "kron": {torch.float32: dict(atol=1e-4, rtol=1.3e-6)},
+    # XLA's blocked Householder product accumulates in another order than
+    # LAPACK's orgqr; its gradient formula cancels (up to ~2e-5 relative).
+    "linalg.householder_product": {torch.float32: dict(atol=1e-4, rtol=5e-5)},
+    # XLA's Jacobi eigh stops at an off-diagonal norm of 1e-6 relative and
+    # LAPACK's tridiagonal QR at its own; eigenvectors agree to ~1e-6, and
+    # the gradient divides their difference by eigenvalue gaps.
+    "linalg.eigh": {torch.float32: dict(atol=1e-4, rtol=5e-4)},
     # cdist's matrix-product path (p=2) computes |x1|² + |x2|² - 2 x1·x2,
     # which cancels for near points; its gradient divides by the result.
     "cdist": {torch.float32: dict(atol=1e-4, rtol=1.3e-6)},
@@ -134,8 +141,27 @@ def copy_sample(sample, device):
     return copy
 
 
+def eigenvector_signs(result):
+    """eigh's results with each eigenvector (defined up to sign: LAPACK and
+    XLA's Jacobi algorithm pick differently) scaled so that its component of
+    largest magnitude is positive."""
+    values, vectors = result
+    if vectors.numel() == 0:
+        return values, vectors
+    largest = vectors.gather(-2, vectors.abs().argmax(-2, keepdim=True))
+    return values, vectors * largest.sign()
+
+
+# Entries whose results are unique only up to a choice each backend makes its
+# own way: both devices' results are put in one form before they are compared
+# and before gradients are taken (so that cotangents meet the same outputs).
+CANONICAL = {"linalg.eigh": eigenvector_signs}
+
+
 def call(fn, sample, **extra):
-    return fn(sample.input, *sample.args, **sample.kwargs, **extra)
+    result = fn(sample.input, *sample.args, **sample.kwargs, **extra)
+    canonical = None if extra else CANONICAL.get(getattr(fn, "name", None))
+    return canonical(result) if canonical else result
 
 
 def assert_close(name, actual, expected):

@@ -1,6 +1,8 @@
-//! Factories and fills: `fill_`/`zero_` (behind zeros/ones/full), `arange`.
+//! Factories and fills: `fill_`/`zero_` (behind zeros/ones/full), `arange`, `eye`.
 use super::elementwise::no_bool;
+use super::linalg::diagonal_mask;
 use super::{op, op_consts, Cx, Entry};
+use crate::ensure;
 use crate::error::{Error, Result};
 use crate::ir::V;
 
@@ -9,6 +11,7 @@ pub static ENTRIES: &[Entry] = &[
     op("zero", zero),
     op("_efficientzerotensor", efficient_zero),
     op_consts("arange", arange, &["start", "end", "step"]),
+    op("eye", eye),
 ];
 
 fn fill(cx: &mut Cx) -> Result<Vec<V>> {
@@ -58,4 +61,15 @@ fn arange(cx: &mut Cx) -> Result<Vec<V>> {
     let r = cx.g.binary("stablehlo.multiply", i, s);
     let r = cx.g.binary("stablehlo.add", r, b);
     Ok(vec![cx.g.convert(r, out.dtype)])
+}
+
+/// The n x m identity (`eye(n)`: n x n), in out's dtype.
+fn eye(cx: &mut Cx) -> Result<Vec<V>> {
+    let out = cx.meta("out")?;
+    let n = cx.int("n")?;
+    let m = if cx.has("m") { cx.int("m")? } else { n };
+    ensure!(n >= 0, "n must be greater or equal to 0, got {n}");
+    ensure!(m >= 0, "m must be greater or equal to 0, got {m}");
+    let diagonal = diagonal_mask(&mut cx.g, &[n, m]);
+    Ok(vec![cx.g.convert(diagonal, out.dtype)])
 }
