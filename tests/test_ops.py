@@ -55,10 +55,12 @@ OPS = [
     # linear algebra
     "einsum", "linalg.norm", "linalg.matrix_norm", "norm", "norm.fro", "linalg.cholesky", "linalg.cholesky_ex",
     "linalg.solve_triangular", "triangular_solve", "cholesky_solve", "cholesky_inverse",
-    "linalg.lu_factor", "linalg.lu_factor_ex", "linalg.lu", "lu", "lu_unpack", "linalg.lu_solve", "lu_solve",
-    "linalg.solve", "linalg.solve_ex", "linalg.inv", "linalg.inv_ex", "linalg.det", "linalg.slogdet", "logdet",
-    "linalg.matrix_power", "linalg.tensorinv", "linalg.tensorsolve", "geqrf", "linalg.householder_product",
-    "linalg.qr", "linalg.eigh", "linalg.eigvalsh", "cdist", "nn.functional.pdist",
+    *(FACTORIZATIONS := [
+        "linalg.lu_factor", "linalg.lu_factor_ex", "linalg.lu", "lu", "lu_unpack", "linalg.lu_solve", "lu_solve",
+        "linalg.solve", "linalg.solve_ex", "linalg.inv", "linalg.inv_ex", "linalg.det", "linalg.slogdet", "logdet",
+        "linalg.matrix_power", "linalg.tensorinv", "linalg.tensorsolve", "geqrf", "linalg.householder_product",
+        "linalg.qr", "linalg.eigh", "linalg.eigvalsh"]),
+    "cdist", "nn.functional.pdist",
     "nn.functional.unfold", "nn.functional.embedding_bag", "nn.functional.embedding",
     "grid_sampler_2d", "nn.functional.grid_sample",
     # convolutions and norms
@@ -107,9 +109,11 @@ KNOWN_GAPS = {
 DEBUG_SAMPLES = 3
 
 # Entries whose programs take seconds each to compile (a strided slice or a
-# gather per window offset): every mode runs DEBUG_SAMPLES of their samples,
-# `make conformance` all of them.
+# gather per window offset; LU's step per column, XLA's QR and eigh
+# expansions): every mode runs DEBUG_SAMPLES of their samples, `make
+# conformance` all of them.
 SLOW_TO_COMPILE = {name for name in OPS if "pool" in name or "interpolate" in name or "upsample" in name}
+SLOW_TO_COMPILE |= set(FACTORIZATIONS)
 
 
 def mark_known_gap(request, name, check, dtype=None):
