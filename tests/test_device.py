@@ -172,9 +172,9 @@ def test_import_orders(imports):
 def test_metrics_report_fallbacks():
     torchtpu.reset_metrics()
     x = torch.tensor([[3.0, 1.0], [2.0, 5.0]])
-    torch.testing.assert_close(torch.linalg.qr(x.to("tpu")).Q.cpu(), torch.linalg.qr(x).Q)
-    # QR needs LAPACK, which PJRT plugins lack: it ran on the CPU, once, and says so.
-    assert torchtpu.metrics()["fallbacks"] == {"aten::linalg_qr.out": 1}
+    torch.testing.assert_close(torch.linalg.svdvals(x.to("tpu")).cpu(), torch.linalg.svdvals(x))
+    # SVD has no lowering (XLA has no SVD expander): it ran on the CPU, once, and says so.
+    assert torchtpu.metrics()["fallbacks"] == {"aten::_linalg_svd.U": 1}
 
 
 def test_two_devices():
@@ -198,8 +198,8 @@ def test_fallback_warning_once_per_op():
     code = (
         "import torch, torchtpu\n"
         "x = torch.tensor([[3.0, 1.0], [2.0, 5.0]], device='tpu')\n"
-        "for _ in range(3):\n    torch.linalg.qr(x)\n"
+        "for _ in range(3):\n    torch.linalg.svdvals(x)\n"
     )
     out = run_python(code, TORCHTPU_LOG="1")
     warnings = [l for l in out.stderr.splitlines() if "runs on the CPU" in l]
-    assert warnings == ["torchtpu: aten::linalg_qr.out has no tpu lowering; it runs on the CPU (copied there and back)"]
+    assert warnings == ["torchtpu: aten::_linalg_svd.U has no tpu lowering; it runs on the CPU (copied there and back)"]

@@ -17,8 +17,7 @@ GRID_BFLOAT16 = "bfloat16: CPU's grid sampler rounds pixel coordinates and weigh
 
 KNOWN_FAILURES = {
     **{e: COMPLEX for e in [
-        "cdouble", "cfloat", "chalf", "complex", "polar", "view_as_complex", "stft", "linalg.eig", "linalg.eigvals",
-        *(f"fft.{k}{n}" for k in ("fft", "ifft", "rfft", "irfft", "hfft", "ihfft") for n in ("", "2", "n"))]},
+        "cdouble", "cfloat", "chalf", "complex", "polar", "view_as_complex", "stft", "linalg.eig", "linalg.eigvals"]},
     **{(e, "bfloat16"): BFLOAT16_ROUNDING for e in [
         "addr", "cummax", "cummin", "log_softmax", "rsqrt", "nn.functional.conv1d", "nn.functional.conv2d",
         "nn.functional.cross_entropy", "nn.functional.embedding", "nn.functional.instance_norm",

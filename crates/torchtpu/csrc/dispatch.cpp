@@ -11,6 +11,8 @@
 #include <ATen/ops/_reshape_alias_native.h>
 #include <ATen/ops/as_strided_cpu_dispatch.h>
 #include <ATen/ops/set_native.h>
+#include <ATen/ops/view_as_complex_native.h>
+#include <ATen/ops/view_as_real_native.h>
 #include <ATen/ops/view_native.h>
 #include <torch/library.h>
 
@@ -266,7 +268,13 @@ void fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   for (size_t i = 0; i < n; ++i) m.add(inputs[i], entry.generator[i], entry.tensor_list[i], device);
   const TtResult* raw = nullptr;
   int64_t count = 0;
-  check(tt_op_run(entry.op, m.args.data(), static_cast<int64_t>(n), &raw, &count));
+  const int status = tt_op_run(entry.op, m.args.data(), static_cast<int64_t>(n), &raw, &count);
+  if (status == TT_FALLBACK) {  // a call the lowering does not cover (complex operands)
+    check(tt_fallback(c10::toString(op.operator_name()).c_str()));
+    at::native::cpu_fallback(op, stack);
+    return;
+  }
+  check(status);
   // Owns the result handles until they are wrapped or assigned.
   struct Results {
     std::vector<TtResult> list;
@@ -415,9 +423,13 @@ at::Tensor& set_empty(at::Tensor& self) {
 
 at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool /*non_blocking*/) {
   if (dst.numel() == 0) return dst;
+  // The math bits (conjugate, negative) of a tpu source are applied after
+  // the copy of its stored values: resolving them first would copy again.
   if (self.is_privateuseone() && dst.is_privateuseone()) {
     if (self.device() == dst.device()) {
       copy_on_device(self, dst);
+      if (self.is_conj() && dst.is_complex()) dst.conj_physical_();
+      if (self.is_neg()) dst.neg_();
       return dst;
     }
     return copy_from(self.cpu(), dst, false);  // between tpu devices, through the host
@@ -430,6 +442,8 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool /*non_b
   }
   auto tmp = at::empty(self.sizes(), self.options().device(c10::kCPU));
   copy_on_device(self, tmp);
+  if (self.is_conj()) tmp = tmp.conj();
+  if (self.is_neg()) tmp = at::_neg_view(tmp);
   dst.copy_(tmp);
   return dst;
 }
@@ -454,6 +468,8 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("empty_strided", TORCH_FN(empty_strided));
   m.impl("as_strided", TORCH_FN(as_strided));
   m.impl("view", TORCH_FN(view));
+  m.impl("view_as_real", TORCH_FN(at::native::view_as_real));
+  m.impl("view_as_complex", TORCH_FN(at::native::view_as_complex));
   m.impl("_reshape_alias", TORCH_FN(reshape_alias));
   m.impl("resize_", TORCH_FN(resize));
   m.impl("set_.source_Storage_storage_offset", TORCH_FN(set_storage));
@@ -471,11 +487,12 @@ TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
 
 // Operators whose composite kernels would win over the fallback: the
 // convolution hooks for out-of-tree backends (their defaults throw), norms
-// PyTorch otherwise decomposes (layer_norm into batch_norm), and mode, whose
-// composite kernel accepts only CPU, CUDA and XPU tensors.
+// PyTorch otherwise decomposes (layer_norm into batch_norm), mode, whose
+// composite kernel accepts only CPU, CUDA and XPU tensors, and conj_physical_,
+// whose composite kernel calls a CPU/CUDA kernel stub directly.
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   for (const char* name : {"convolution_overrideable", "convolution_backward_overrideable", "native_layer_norm",
-                           "native_group_norm", "mode", "mode.values"}) {
+                           "native_group_norm", "mode", "mode.values", "conj_physical_"}) {
     m.impl(name, torch::CppFunction::makeFromBoxedFunction<&torchtpu::fallback>());
   }
 }

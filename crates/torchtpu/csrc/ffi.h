@@ -20,6 +20,7 @@ enum {
   TT_ERR_TYPE = 4,            // TypeError
   TT_ERR_NOT_IMPLEMENTED = 5, // NotImplementedError
   TT_ERR_LINALG = 6,          // torch.linalg.LinAlgError
+  TT_FALLBACK = 7,            // not an error: run this call on the CPU
 };
 
 // A tensor argument: a tpu view of a Rust storage, or a CPU tensor (scalars

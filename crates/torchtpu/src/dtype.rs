@@ -15,6 +15,10 @@ pub enum DType {
     F64,
     U32,
     U64,
+    /// complex64 and complex128: stored and moved like any dtype; only the
+    /// lowerings that declare complex support accept them (`Entry::complex`).
+    C64,
+    C128,
 }
 
 use DType::*;
@@ -38,6 +42,8 @@ impl DType {
             15 => BF16,
             28 => U32,
             29 => U64,
+            9 => C64,
+            10 => C128,
             _ => return Err(Error::type_error(format!("tpu does not support dtype {}", c10_name(code)))),
         })
     }
@@ -56,6 +62,8 @@ impl DType {
             BF16 => 15,
             U32 => 28,
             U64 => 29,
+            C64 => 9,
+            C128 => 10,
         }
     }
 
@@ -64,12 +72,39 @@ impl DType {
             Bool | U8 | I8 => 1,
             I16 | F16 | BF16 => 2,
             I32 | F32 | U32 => 4,
-            I64 | F64 | U64 => 8,
+            I64 | F64 | U64 | C64 => 8,
+            C128 => 16,
         }
     }
 
     pub fn is_float(self) -> bool {
         matches!(self, F16 | BF16 | F32 | F64)
+    }
+
+    pub fn is_complex(self) -> bool {
+        matches!(self, C64 | C128)
+    }
+
+    /// Whether constants of this dtype are written as floating-point numbers.
+    pub fn has_float_values(self) -> bool {
+        self.is_float() || self.is_complex()
+    }
+
+    /// The complex dtype with this real part (float16/bfloat16: complex64).
+    pub fn to_complex(self) -> DType {
+        match self {
+            F64 | C128 => C128,
+            _ => C64,
+        }
+    }
+
+    /// The dtype of a complex dtype's parts (others are their own).
+    pub fn to_real(self) -> DType {
+        match self {
+            C64 => F32,
+            C128 => F64,
+            d => d,
+        }
     }
 
     pub fn is_int(self) -> bool {
@@ -90,6 +125,8 @@ impl DType {
             F64 => "f64",
             U32 => "ui32",
             U64 => "ui64",
+            C64 => "complex<f32>",
+            C128 => "complex<f64>",
         }
     }
 
@@ -108,6 +145,8 @@ impl DType {
             F64 => E::F64,
             U32 => E::U32,
             U64 => E::U64,
+            C64 => E::C64,
+            C128 => E::C128,
         }
     }
 
@@ -158,6 +197,9 @@ pub fn promote(a: DType, b: DType) -> DType {
     if a == b {
         return a;
     }
+    if a.is_complex() || b.is_complex() {
+        return promote(a.to_real(), b.to_real()).to_complex();
+    }
     if a.is_float() || b.is_float() {
         return match (a.is_float(), b.is_float()) {
             (true, false) => a,
@@ -192,7 +234,16 @@ pub fn result_type(operands: &[(DType, Priority)]) -> DType {
         let (slot, dtype) = match priority {
             Priority::Dim => (0, dtype),
             Priority::ZeroDim => (1, dtype),
-            Priority::Wrapped => (2, if dtype.is_float() { DEFAULT_FLOAT } else { dtype }),
+            Priority::Wrapped => (
+                2,
+                if dtype.is_float() {
+                    DEFAULT_FLOAT
+                } else if dtype.is_complex() {
+                    C64
+                } else {
+                    dtype
+                },
+            ),
         };
         state[slot] = Some(state[slot].map_or(dtype, |d| promote(d, dtype)));
     }
@@ -205,9 +256,9 @@ fn combine(higher: Option<DType>, lower: Option<DType>) -> Option<DType> {
         (None, l) => l,
         (h, None) => h,
         (Some(h), Some(l)) => {
-            if h.is_float() {
+            if h.is_complex() || h.is_float() && !l.is_complex() {
                 Some(h)
-            } else if h == Bool || l.is_float() {
+            } else if h == Bool || l.is_float() || l.is_complex() {
                 Some(promote(h, l))
             } else {
                 Some(h)
@@ -216,9 +267,10 @@ fn combine(higher: Option<DType>, lower: Option<DType>) -> Option<DType> {
     }
 }
 
-/// `c10::canCast`: no float to integral, no non-bool to bool.
+/// `c10::canCast`: no complex to non-complex, no float to integral, no
+/// non-bool to bool.
 pub fn can_cast(from: DType, to: DType) -> bool {
-    !(from.is_float() && !to.is_float() || from != Bool && to == Bool)
+    !(from.is_complex() && !to.is_complex() || from.is_float() && !to.has_float_values() || from != Bool && to == Bool)
 }
 
 #[cfg(test)]

@@ -36,6 +36,8 @@ fn literal(bits: i64, dtype: DType) -> String {
         DType::Bool => (if bits != 0 { "true" } else { "false" }).into(),
         DType::F64 => format!("0x{:016X}", bits as u64),
         DType::F32 => format!("0x{:08X}", (f64::from_bits(bits as u64) as f32).to_bits()),
+        // A real value: (re, im) with decimal parts (MLIR takes no hex there).
+        DType::C64 | DType::C128 => format!("({:.17e}, 0.0)", f64::from_bits(bits as u64)),
         DType::U64 => (bits as u64).to_string(),
         _ => bits.to_string(),
     }
@@ -43,7 +45,7 @@ fn literal(bits: i64, dtype: DType) -> String {
 
 fn compare_type(dtype: DType) -> &'static str {
     match dtype {
-        d if d.is_float() => "FLOAT",
+        d if d.has_float_values() => "FLOAT",
         DType::Bool | DType::U8 | DType::U32 | DType::U64 => "UNSIGNED",
         _ => "SIGNED",
     }
@@ -65,14 +67,14 @@ pub fn reduce_init(kind: ReduceKind, dtype: DType) -> i64 {
     };
     match kind {
         ReduceKind::Sum | ReduceKind::Or => {
-            if dtype.is_float() {
+            if dtype.has_float_values() {
                 float(0.0)
             } else {
                 0
             }
         }
         ReduceKind::Prod | ReduceKind::And => {
-            if dtype.is_float() {
+            if dtype.has_float_values() {
                 float(1.0)
             } else {
                 1
@@ -273,6 +275,11 @@ impl Emitter<'_> {
                 self.line(v, "stablehlo.triangular_solve", &attrs)
             }
             Op::Result(_) => {}
+            Op::Fft { kind, length } => self.line(
+                v,
+                "stablehlo.fft",
+                &format!("fft_type = #stablehlo<fft_type {kind}>, fft_length = {}", array(length)),
+            ),
             Op::CustomCall { target, config, results } => {
                 let args: Vec<String> = node.args.iter().map(|&a| self.name(a)).collect();
                 let types: Vec<String> = node.args.iter().map(|&a| self.ty(a)).collect();

@@ -10,6 +10,9 @@ pub enum Kind {
     NotImplemented = 5,
     /// torch.linalg.LinAlgError (a RuntimeError).
     LinAlg = 6,
+    /// Not an error: this call's arguments are beyond the lowering (complex
+    /// tensors), so the adapter runs it through the counted CPU fallback.
+    Fallback = 7,
 }
 
 #[derive(Clone, Debug)]

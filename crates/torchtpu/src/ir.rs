@@ -147,6 +147,12 @@ pub enum Op {
     },
     /// Random bits from a u64[2] key (the node's type is the bits' type).
     RngBits,
+    /// A discrete Fourier transform over the trailing `length.len()`
+    /// dimensions: "FFT", "IFFT" (scaled by 1/n), "RFFT" or "IRFFT" (1/n).
+    Fft {
+        kind: &'static str,
+        length: Vec<i64>,
+    },
     /// An XLA custom call that XLA's compilers expand themselves ("Qr",
     /// "Eigh", ...); the node is its first result, [`Op::Result`] nodes
     /// the others.
@@ -213,7 +219,7 @@ impl Graph {
 
     /// A constant of `dtype` splat to `shape`.
     pub fn full(&mut self, value: f64, dtype: DType, shape: &[i64]) -> V {
-        let bits = if dtype.is_float() { value.to_bits() as i64 } else { value as i64 };
+        let bits = if dtype.has_float_values() { value.to_bits() as i64 } else { value as i64 };
         self.push(Op::Const(bits), vec![], Ty::new(dtype, shape))
     }
 
@@ -224,7 +230,8 @@ impl Graph {
 
     /// A 1-D constant of `dtype` holding `values`.
     pub fn constant(&mut self, values: &[f64], dtype: DType) -> V {
-        let bits = values.iter().map(|&v| if dtype.is_float() { v.to_bits() as i64 } else { v as i64 }).collect();
+        let bits =
+            values.iter().map(|&v| if dtype.has_float_values() { v.to_bits() as i64 } else { v as i64 }).collect();
         self.push(Op::Dense(bits), vec![], Ty::new(dtype, &[values.len() as i64]))
     }
 
@@ -262,8 +269,27 @@ impl Graph {
         if self.ty(a).dtype == dtype {
             return a;
         }
+        if self.ty(a).dtype.is_complex() && !dtype.is_complex() {
+            // PyTorch drops the imaginary part (XLA converts no complex to real).
+            let re = self.part(a, false);
+            return self.convert(re, dtype);
+        }
         let shape = self.ty(a).shape.clone();
         self.push(Op::Convert, vec![a], Ty::new(dtype, &shape))
+    }
+
+    /// The real (or imaginary) part of a complex value.
+    pub fn part(&mut self, a: V, imaginary: bool) -> V {
+        let t = self.ty(a);
+        let ty = Ty::new(t.dtype.to_real(), &t.shape);
+        self.push(Op::Elementwise(if imaginary { "stablehlo.imag" } else { "stablehlo.real" }), vec![a], ty)
+    }
+
+    /// The complex value with parts `re` and `im` (same type).
+    pub fn complex(&mut self, re: V, im: V) -> V {
+        let t = self.ty(re);
+        let ty = Ty::new(t.dtype.to_complex(), &t.shape);
+        self.push(Op::Elementwise("stablehlo.complex"), vec![re, im], ty)
     }
 
     pub fn bitcast(&mut self, a: V, ty: Ty) -> V {
@@ -449,6 +475,20 @@ impl Graph {
     pub fn triangular_solve(&mut self, a: V, b: V, left: bool, lower: bool, unit_diagonal: bool, transpose: bool) -> V {
         let ty = self.ty(b).clone();
         self.push(Op::TriangularSolve { left, lower, unit_diagonal, transpose }, vec![a, b], ty)
+    }
+
+    /// A Fourier transform of `kind` along the last dimension, `n` points
+    /// (RFFT: real in, n / 2 + 1 complex out; IRFFT: n real out).
+    pub fn fft(&mut self, a: V, kind: &'static str, n: i64) -> V {
+        let t = self.ty(a).clone();
+        let (dtype, last) = match kind {
+            "RFFT" => (t.dtype.to_complex(), n / 2 + 1),
+            "IRFFT" => (t.dtype.to_real(), n),
+            _ => (t.dtype, n),
+        };
+        let mut shape = t.shape.clone();
+        *shape.last_mut().unwrap() = last;
+        self.push(Op::Fft { kind, length: vec![n] }, vec![a], Ty::new(dtype, &shape))
     }
 
     /// The results of custom call `target` (see [`Op::CustomCall`]).

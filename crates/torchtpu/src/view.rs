@@ -63,6 +63,27 @@ pub fn flat(g: &mut Graph, v: V, dtype: DType) -> V {
     let t = g.ty(v).clone();
     let v = g.reshape(v, &[t.numel()]);
     let (from, to) = (t.dtype.size() as i64, dtype.size() as i64);
+    // XLA bitcasts no complex values: a complex value's bytes are its real
+    // and imaginary parts interleaved.
+    if t.dtype.is_complex() && t.dtype != dtype {
+        let parts = [false, true].map(|imaginary| {
+            let p = g.part(v, imaginary);
+            g.reshape(p, &[t.numel(), 1])
+        });
+        let pairs = g.concatenate(&parts, 1);
+        let real = g.reshape(pairs, &[t.numel() * 2]);
+        return flat(g, real, dtype);
+    }
+    if dtype.is_complex() && t.dtype != dtype {
+        let real = flat(g, v, dtype.to_real());
+        let n = t.numel() * from / to;
+        let pairs = g.reshape(real, &[n, 2]);
+        let [re, im] = [0, 1].map(|i| {
+            let p = g.slice_dim(pairs, 1, i, i + 1, 1);
+            g.reshape(p, &[n])
+        });
+        return g.complex(re, im);
+    }
     if t.dtype == dtype {
         v
     } else if from == to {

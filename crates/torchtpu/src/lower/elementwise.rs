@@ -3,17 +3,17 @@
 //! Shared rules live in the helpers: operands are promoted with
 //! `at::result_type`, broadcast together, and float16/bfloat16 are computed
 //! in float32 and rounded once, as PyTorch's CPU kernels do.
-use super::{op, Cx, Entry, Operand};
+use super::{op, op_complex, Cx, Entry, Operand};
 use crate::args::Arg;
 use crate::dtype::{DType, DEFAULT_FLOAT};
 use crate::error::{Error, Result};
 use crate::ir::V;
 
 pub static ENTRIES: &[Entry] = &[
-    op("add", |cx| add_sub(cx, "stablehlo.add")),
-    op("sub", |cx| add_sub(cx, "stablehlo.subtract")),
+    op_complex("add", |cx| add_sub(cx, "stablehlo.add")),
+    op_complex("sub", |cx| add_sub(cx, "stablehlo.subtract")),
     op("rsub", rsub),
-    op("mul", |cx| arith(cx, "stablehlo.multiply")),
+    op_complex("mul", |cx| arith(cx, "stablehlo.multiply")),
     op("div", div),
     op("floor_divide", |cx| divide(cx, Some("floor"))),
     op("remainder", remainder),
@@ -156,6 +156,8 @@ pub(super) fn cpp_name(dtype: DType) -> &'static str {
         DType::F64 => "double",
         DType::U32 => "unsigned int",
         DType::U64 => "unsigned long",
+        DType::C64 => "c10::complex<float>",
+        DType::C128 => "c10::complex<double>",
     }
 }
 

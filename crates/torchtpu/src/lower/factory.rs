@@ -1,14 +1,14 @@
 //! Factories and fills: `fill_`/`zero_` (behind zeros/ones/full), `arange`, `eye`.
 use super::elementwise::no_bool;
 use super::linalg::diagonal_mask;
-use super::{op, op_consts, Cx, Entry};
+use super::{op, op_complex, op_consts, Cx, Entry};
 use crate::ensure;
 use crate::error::{Error, Result};
 use crate::ir::V;
 
 pub static ENTRIES: &[Entry] = &[
-    op("fill", fill),
-    op("zero", zero),
+    op_complex("fill", fill),
+    op_complex("zero", zero),
     op("_efficientzerotensor", efficient_zero),
     op_consts("arange", arange, &["start", "end", "step"]),
     op("eye", eye),

@@ -28,6 +28,7 @@ mod distance;
 mod elementwise;
 mod factor;
 mod factory;
+mod fft;
 mod fold;
 mod grid;
 mod index;
@@ -59,22 +60,29 @@ pub struct Entry {
     /// `lower` (which finds them in [`Cx::sizes`]); it may return nothing
     /// when a call needs none.
     pub measure: Option<Lowering>,
+    /// Whether the lowering handles complex tensors; others reject them.
+    pub complex: bool,
 }
 
 pub const fn op(name: &'static str, lower: Lowering) -> Entry {
-    Entry { name, lower, consts: &[], writes: &[], measure: None }
+    Entry { name, lower, consts: &[], writes: &[], measure: None, complex: false }
 }
 
 pub const fn op_consts(name: &'static str, lower: Lowering, consts: &'static [&'static str]) -> Entry {
-    Entry { name, lower, consts, writes: &[], measure: None }
+    Entry { consts, ..op(name, lower) }
 }
 
 pub const fn op_writes(name: &'static str, lower: Lowering, writes: &'static [&'static str]) -> Entry {
-    Entry { name, lower, consts: &[], writes, measure: None }
+    Entry { writes, ..op(name, lower) }
 }
 
 pub const fn op_measured(name: &'static str, lower: Lowering, measure: Lowering) -> Entry {
-    Entry { name, lower, consts: &[], writes: &[], measure: Some(measure) }
+    Entry { measure: Some(measure), ..op(name, lower) }
+}
+
+/// An entry whose lowering handles complex tensors too.
+pub const fn op_complex(name: &'static str, lower: Lowering) -> Entry {
+    Entry { complex: true, ..op(name, lower) }
 }
 
 /// A lowering's result that is an undefined tensor.
@@ -88,6 +96,7 @@ fn table() -> impl Iterator<Item = &'static Entry> {
         elementwise::ENTRIES,
         factor::ENTRIES,
         factory::ENTRIES,
+        fft::ENTRIES,
         fold::ENTRIES,
         grid::ENTRIES,
         index::ENTRIES,
@@ -164,7 +173,8 @@ pub fn get(id: i32) -> Result<&'static OpDef> {
 }
 
 /// Internal operators of the runtime itself (copies between views).
-pub static COPY_ENTRIES: &[Entry] = &[op("torchtpu::copy", copy_into), op("torchtpu::contiguous", contiguous)];
+pub static COPY_ENTRIES: &[Entry] =
+    &[op_complex("torchtpu::copy", copy_into), op_complex("torchtpu::contiguous", contiguous)];
 
 /// Writes `src` (converted and broadcast) into the view `dst`; the result is
 /// the next value of dst's storage.
@@ -399,6 +409,10 @@ impl<'a> Cx<'a> {
     }
 
     fn read(&mut self, arg: usize, item: usize, t: &Tensor) -> Result<V> {
+        if t.dtype.is_complex() && !self.op.entry.complex {
+            let message = format!("torchtpu: {} has no complex lowering", self.op.name);
+            return Err(Error { kind: Kind::Fallback, message });
+        }
         match t.device {
             None if t.sizes.is_empty() => Ok(self.param(t.ty(), Input::Host { arg, item })),
             None => Err(Error::runtime(format!(

@@ -1,0 +1,71 @@
+"""Complex tensors and Fourier transforms on tpu, against CPU: storage and
+views of complex values, conjugate views, the counted CPU fallback of
+complex operands an op has no lowering for, and a spectral loss trained
+without fallbacks. (The OpInfo entries of torch.fft run in test_ops.py.)"""
+import torch
+import torchtpu
+
+
+def test_complex_values_round_trip_and_convert(mode):
+    z = torch.randn(3, 4, dtype=torch.complex64)
+    assert torch.equal(z.to("tpu").cpu(), z)
+    x = torch.randn(5)
+    assert torch.equal(x.to("tpu").to(torch.complex64).cpu(), x.to(torch.complex64))
+    # complex to real keeps the real part, as on CPU (with its warning)
+    assert torch.equal(z.to("tpu").real.contiguous().cpu(), z.real.contiguous())
+
+
+def test_view_as_real_aliases_the_complex_storage(mode):
+    z = torch.randn(4, 3, dtype=torch.complex64)
+    t = z.to("tpu")
+    parts = torch.view_as_real(t)
+    assert parts.untyped_storage().data_ptr() == t.untyped_storage().data_ptr()
+    parts[:, 1:, 1] = 0.5  # writes imaginary parts through the real view
+    expected = z.clone()
+    torch.view_as_real(expected)[:, 1:, 1] = 0.5
+    assert torch.equal(t.cpu(), expected)
+    back = torch.view_as_complex(parts)
+    assert torch.equal(back.cpu(), expected)
+
+
+def test_conjugate_views_are_resolved_by_copies(mode):
+    z = torch.randn(6, dtype=torch.complex64)
+    t = z.to("tpu").conj()
+    assert t.is_conj()
+    assert torch.equal(t.cpu(), z.conj())
+    assert torch.equal(t.clone().cpu(), z.conj())
+    assert torch.equal(t.resolve_conj().cpu(), z.conj_physical())
+
+
+def test_complex_operands_without_lowering_fall_back_counted(mode):
+    z = torch.randn(4, 8, dtype=torch.complex64)
+    torchtpu.reset_metrics()
+    got = torch.fft.fft(z.to("tpu")).abs()
+    torch.testing.assert_close(got.cpu(), torch.fft.fft(z).abs())
+    fallbacks = torchtpu.metrics()["fallbacks"]
+    assert set(fallbacks) == {"aten::abs.out"}, fallbacks
+
+
+def test_spectral_loss_trains_as_on_cpu_without_fallbacks(mode):
+    torch.manual_seed(0)
+    signal = torch.randn(8, 64)
+    target = torch.randn(8, 33, 2)
+
+    def train(device):
+        weight = torch.nn.Parameter(torch.eye(64, device=device))
+        opt = torch.optim.SGD([weight], lr=0.01)
+        losses = []
+        for _ in range(5):
+            spectrum = torch.view_as_real(torch.fft.rfft(signal.to(device) @ weight, norm="ortho"))
+            loss = (spectrum - target.to(device)).pow(2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+        return losses
+
+    expected = train("cpu")
+    torchtpu.reset_metrics()
+    got = train("tpu")
+    assert not torchtpu.metrics()["fallbacks"]
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
