@@ -47,7 +47,7 @@ OPS = [
     "scatter", "scatter_add", "scatter_reduce.sum", "scatter_reduce.prod", "scatter_reduce.mean",
     "scatter_reduce.amax", "scatter_reduce.amin", "index_reduce.prod", "index_reduce.mean", "index_reduce.amax",
     "index_reduce.amin", "index_fill", "__getitem__", "index_put", "nonzero", "argwhere",
-    "masked_select", "masked_scatter", "combinations", "nonzero_static", "unique", "fill", "zero_", "zeros", "ones", "full",
+    "masked_select", "masked_scatter", "combinations", "nonzero_static", "unique", "unique_consecutive", "fill", "zero_", "zeros", "ones", "full",
     "zeros_like", "ones_like", "full_like", "new_zeros", "new_ones", "new_full", "arange", "eye",
     "tril", "triu", "isposinf", "isneginf",
     # sorting and order statistics
@@ -115,10 +115,11 @@ DEBUG_SAMPLES = 3
 
 # Entries whose programs take seconds each to compile (a strided slice or a
 # gather per window offset; LU's step per column, XLA's QR and eigh
-# expansions): every mode runs DEBUG_SAMPLES of their samples, `make
+# expansions; unique_consecutive's sizes are measured by a program of their
+# own per sample): every mode runs DEBUG_SAMPLES of their samples, `make
 # conformance` all of them.
 SLOW_TO_COMPILE = {name for name in OPS if "pool" in name or "interpolate" in name or "upsample" in name}
-SLOW_TO_COMPILE |= set(FACTORIZATIONS)
+SLOW_TO_COMPILE |= {*FACTORIZATIONS, "unique_consecutive"}
 
 
 def mark_known_gap(request, name, check, dtype=None):

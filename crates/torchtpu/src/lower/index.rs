@@ -26,9 +26,13 @@ pub static ENTRIES: &[Entry] = &[
     op_measured("_index_put_impl", index_put, index_measure),
     op_measured("nonzero", nonzero, nonzero_measure),
     op("nonzero_static", nonzero_static),
-    op_measured("_unique2", |cx| unique(cx, true), |cx| unique_measure(cx, false)),
-    op_measured("_unique", |cx| unique(cx, false), |cx| unique_measure(cx, false)),
-    op_measured("unique_dim", unique_dim, |cx| unique_measure(cx, true)),
+    op_measured("_unique2", |cx| unique(cx, true), |cx| unique_measure(cx, false, true)),
+    op_measured("_unique", |cx| unique(cx, false), |cx| unique_measure(cx, false, true)),
+    op_measured("unique_dim", unique_dim, |cx| unique_measure(cx, true, true)),
+    op_measured("unique_consecutive", unique_consecutive, |cx| {
+        let by_dim = !cx.is_none("dim");
+        unique_measure(cx, by_dim, false)
+    }),
     op_measured("masked_select", masked_select, masked_measure),
     op("masked_scatter", masked_scatter),
 ];
@@ -588,10 +592,10 @@ fn row_matrix(cx: &mut Cx, r: &Rows) -> Result<V> {
     Ok(cx.g.reshape(x, &[r.s, r.m]))
 }
 
-/// The rows in sorted (lexicographic) order, as positions, and flags
-/// marking the first row of each run of equal rows (a row with a NaN is a
-/// run of its own, as on CPU).
-fn runs(cx: &mut Cx, matrix: V, r: &Rows) -> (V, V) {
+/// The rows in sorted (lexicographic) order, or in their own order when not
+/// `sort`, as positions, and flags marking the first row of each run of
+/// equal rows (a row with a NaN is a run of its own, as on CPU).
+fn runs(cx: &mut Cx, matrix: V, r: &Rows, sort: bool) -> (V, V) {
     let (s, m) = (r.s, r.m);
     let mut operands: Vec<V> = (0..m)
         .map(|j| {
@@ -600,7 +604,7 @@ fn runs(cx: &mut Cx, matrix: V, r: &Rows) -> (V, V) {
         })
         .collect();
     operands.push(cx.g.iota(DType::I64, &[s], 0));
-    let sorted = cx.g.sort(&operands, 0, false, m as usize);
+    let sorted = if sort { cx.g.sort(&operands, 0, false, m as usize) } else { operands };
     let mut changed = cx.g.full(0.0, DType::Bool, &[s - 1]);
     for &column in &sorted[..m as usize] {
         let later = cx.g.slice(column, &[1], &[s], &[1]);
@@ -612,21 +616,22 @@ fn runs(cx: &mut Cx, matrix: V, r: &Rows) -> (V, V) {
     (sorted[m as usize], cx.g.concatenate(&[first, changed], 0))
 }
 
-fn unique_measure(cx: &mut Cx, unique_dim: bool) -> Result<Vec<V>> {
+fn unique_measure(cx: &mut Cx, unique_dim: bool, sort: bool) -> Result<Vec<V>> {
     let r = rows(cx, unique_dim)?;
     let count = if r.s == 0 || r.m == 0 {
         cx.g.scalar(0.0, DType::I64)
     } else {
         let matrix = row_matrix(cx, &r)?;
-        let (_, first) = runs(cx, matrix, &r);
+        let (_, first) = runs(cx, matrix, &r, sort);
         count_true(cx, first)
     };
     Ok(sizes_vector(cx, &[count]))
 }
 
-/// The distinct rows in sorted order (shaped as `self`, with k rows), each
-/// row's index among them (i64[s]) and each distinct row's count (i64[k]).
-fn distinct(cx: &mut Cx, r: &Rows) -> Result<(V, V, V)> {
+/// The distinct rows in sorted order (or each run's first row in order, when
+/// not `sort`; shaped as `self`, with k rows), each row's index among them
+/// (i64[s]) and each distinct row's count (i64[k]).
+fn distinct(cx: &mut Cx, r: &Rows, sort: bool) -> Result<(V, V, V)> {
     let t = cx.meta("self")?;
     let k = cx.sizes[0];
     let rank = t.sizes.len();
@@ -648,7 +653,7 @@ fn distinct(cx: &mut Cx, r: &Rows) -> Result<(V, V, V)> {
         return Ok((values, cx.g.full(0.0, DType::I64, &[r.s]), cx.g.full(0.0, DType::I64, &[k])));
     }
     let matrix = row_matrix(cx, r)?;
-    let (order, first) = runs(cx, matrix, r);
+    let (order, first) = runs(cx, matrix, r, sort);
     let starts = true_positions(cx, first, k);
     let representatives = cx.g.take(order, starts, 0);
     let rows = cx.g.take(matrix, representatives, 0);
@@ -672,23 +677,44 @@ fn distinct(cx: &mut Cx, r: &Rows) -> Result<(V, V, V)> {
 /// element's index among them (shaped as self) and counts; one not asked
 /// for is empty. CPU sorts whether asked to or not.
 fn unique(cx: &mut Cx, with_counts: bool) -> Result<Vec<V>> {
-    let t = cx.meta("self")?;
     let r = rows(cx, false)?;
-    let (values, index, counts) = distinct(cx, &r)?;
+    let found = distinct(cx, &r, true)?;
+    let mut results = asked_for(cx, found)?;
+    if !with_counts {
+        results.pop();
+    }
+    Ok(results)
+}
+
+/// Values, and the inverse (shaped as self) and counts where asked for
+/// (empty otherwise), of elements found by `distinct`.
+fn asked_for(cx: &mut Cx, (values, index, counts): (V, V, V)) -> Result<Vec<V>> {
+    let t = cx.meta("self")?;
     let index =
         if cx.bool("return_inverse")? { cx.g.reshape(index, t.sizes) } else { cx.g.full(0.0, DType::I64, &[0]) };
-    if !with_counts {
-        return Ok(vec![values, index]);
-    }
     let counts = if cx.bool("return_counts")? { counts } else { cx.g.full(0.0, DType::I64, &[0]) };
     Ok(vec![values, index, counts])
+}
+
+/// `unique_consecutive`: the first of each run of equal elements (or slices
+/// along `dim`, where CPU returns the inverse and counts whether asked for
+/// or not, except along dimension 0 of a vector).
+fn unique_consecutive(cx: &mut Cx) -> Result<Vec<V>> {
+    let rank = cx.meta("self")?.sizes.len();
+    let dim = cx.opt_int("dim")?;
+    let r = rows(cx, dim.is_some())?;
+    let found = distinct(cx, &r, false)?;
+    if dim.is_some_and(|d| d != 0 || rank != 1) {
+        return Ok(vec![found.0, found.1, found.2]);
+    }
+    asked_for(cx, found)
 }
 
 /// `unique_dim`: distinct slices along `dim`; CPU returns the inverse and
 /// counts whether asked for or not.
 fn unique_dim(cx: &mut Cx) -> Result<Vec<V>> {
     let r = rows(cx, true)?;
-    let (values, index, counts) = distinct(cx, &r)?;
+    let (values, index, counts) = distinct(cx, &r, true)?;
     Ok(vec![values, index, counts])
 }
 
