@@ -39,6 +39,10 @@ impl Error {
     pub fn not_implemented(message: impl Into<String>) -> Error {
         Error { kind: Kind::NotImplemented, message: message.into() }
     }
+    /// Asks the adapter to run this call through the counted CPU fallback.
+    pub fn fallback(message: impl Into<String>) -> Error {
+        Error { kind: Kind::Fallback, message: message.into() }
+    }
 }
 
 impl fmt::Display for Error {

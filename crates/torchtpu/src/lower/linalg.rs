@@ -230,15 +230,19 @@ fn check_square(t: &Tensor, what: &str, name: &str) -> Result<()> {
         t.sizes[r - 1]
     );
     ensure!(
-        t.dtype.is_float(),
+        t.dtype.has_float_values(),
         "{what}: Expected a floating point or complex tensor as input. Got {}",
         t.dtype.torch_name()
     );
     Ok(())
 }
 
-/// CPU's LAPACK `kernel` has float32 and float64 only.
+/// CPU's LAPACK `kernel` has float32 and float64 (and complex: those calls
+/// run through the CPU fallback).
 pub(super) fn lapack_dtype(t: &Tensor, kernel: &str) -> Result<()> {
+    if t.dtype.is_complex() {
+        return Err(crate::error::Error::fallback(format!("torchtpu: {kernel} has no complex lowering")));
+    }
     if !matches!(t.dtype, DType::F32 | DType::F64) {
         return Err(not_implemented(kernel, t.dtype));
     }

@@ -410,8 +410,7 @@ impl<'a> Cx<'a> {
 
     fn read(&mut self, arg: usize, item: usize, t: &Tensor) -> Result<V> {
         if t.dtype.is_complex() && !self.op.entry.complex {
-            let message = format!("torchtpu: {} has no complex lowering", self.op.name);
-            return Err(Error { kind: Kind::Fallback, message });
+            return Err(Error::fallback(format!("torchtpu: {} has no complex lowering", self.op.name)));
         }
         match t.device {
             None if t.sizes.is_empty() => Ok(self.param(t.ty(), Input::Host { arg, item })),
