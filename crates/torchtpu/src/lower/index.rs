@@ -692,7 +692,9 @@ fn asked_for(cx: &mut Cx, (values, index, counts): (V, V, V)) -> Result<Vec<V>> 
     let t = cx.meta("self")?;
     let index =
         if cx.bool("return_inverse")? { cx.g.reshape(index, t.sizes) } else { cx.g.full(0.0, DType::I64, &[0]) };
-    let counts = if cx.bool("return_counts")? { counts } else { cx.g.full(0.0, DType::I64, &[0]) };
+    // `_unique` has no counts to ask for.
+    let counts =
+        if cx.has("return_counts") && cx.bool("return_counts")? { counts } else { cx.g.full(0.0, DType::I64, &[0]) };
     Ok(vec![values, index, counts])
 }
 
