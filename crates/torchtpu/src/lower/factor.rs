@@ -106,13 +106,12 @@ fn factor(g: &mut Graph, a: V) -> Lu {
     let ty = g.ty(a).clone();
     let (batch, m, n) = split(&ty.shape);
     let r = ty.rank();
-    let batch_dims: Vec<i64> = (0..r as i64 - 2).collect();
     let mut info = g.full(0.0, DType::I32, &batch);
     if ty.numel() == 0 {
         let pivots = g.full(0.0, DType::I32, &with(&batch, &[m.min(n)]));
         return Lu { lu: a, pivots, info };
     }
-    let rows = g.iota(DType::I64, &ty.shape, r - 2);
+    let all: Vec<i64> = (0..r as i64).collect();
     let mut a = a;
     let mut pivots = Vec::new();
     for k in 0..m.min(n) {
@@ -127,21 +126,7 @@ fn factor(g: &mut Graph, a: V) -> Lu {
         let numbered = g.binary("stablehlo.add", p, one);
         let numbered = g.convert(numbered, DType::I32);
         pivots.push(g.reshape(numbered, &with(&batch, &[1])));
-        // Swap rows k and p (exactly: selects, and a max over one row).
-        let p_rows = g.broadcast_in_dim(p, &ty.shape, &batch_dims);
-        let is_p = g.compare("EQ", rows, p_rows);
-        let k_rows = g.full(k as f64, DType::I64, &ty.shape);
-        let is_k = g.compare("EQ", rows, k_rows);
-        let lowest = g.full(f64::NEG_INFINITY, ty.dtype, &ty.shape);
-        let only_p = g.select(is_p, a, lowest);
-        let row_p = g.reduce(ReduceKind::Max, only_p, &[r - 2]);
-        let keep: Vec<i64> = batch_dims.iter().copied().chain([r as i64 - 1]).collect();
-        let row_p = g.broadcast_in_dim(row_p, &ty.shape, &keep);
-        let row_k = block(g, a, (k, k + 1), (0, n));
-        let all: Vec<i64> = (0..r as i64).collect();
-        let row_k = g.broadcast_in_dim(row_k, &ty.shape, &all);
-        let swapped = g.select(is_p, row_k, a);
-        a = g.select(is_k, row_p, swapped);
+        a = swap(g, a, r - 2, k, p);
         // info: the first zero pivot.
         let pivot = block(g, a, (k, k + 1), (k, k + 1));
         let zero = splat(g, 0.0, pivot);
@@ -198,31 +183,39 @@ fn permutation(g: &mut Graph, pivots: V, m: i64) -> V {
     let shape = g.ty(pivots).shape.clone();
     let (batch, k) = (&shape[..shape.len() - 1], shape[shape.len() - 1]);
     let r = shape.len();
-    let full = with(batch, &[m]);
-    let batch_dims: Vec<i64> = (0..r as i64 - 1).collect();
-    let index = g.iota(DType::I64, &full, r - 1);
-    let mut perm = index;
+    let mut perm = g.iota(DType::I64, &with(batch, &[m]), r - 1);
     for s in 0..k {
         let p = g.slice_dim(pivots, r - 1, s, s + 1, 1);
         let p = g.convert(p, DType::I64);
         let one = splat(g, 1.0, p);
         let p = g.binary("stablehlo.subtract", p, one);
         let p = g.reshape(p, batch);
-        let p = g.broadcast_in_dim(p, &full, &batch_dims);
-        let is_p = g.compare("EQ", index, p);
-        let s_index = g.full(s as f64, DType::I64, &full);
-        let is_s = g.compare("EQ", index, s_index);
-        let lowest = g.full(i64::MIN as f64, DType::I64, &full);
-        let only_p = g.select(is_p, perm, lowest);
-        let at_p = g.reduce(ReduceKind::Max, only_p, &[r - 1]);
-        let at_p = g.broadcast_in_dim(at_p, &full, &batch_dims);
-        let at_s = g.slice_dim(perm, r - 1, s, s + 1, 1);
-        let all: Vec<i64> = (0..r as i64).collect();
-        let at_s = g.broadcast_in_dim(at_s, &full, &all);
-        let swapped = g.select(is_p, at_s, perm);
-        perm = g.select(is_s, at_p, swapped);
+        perm = swap(g, perm, r - 1, s, p);
     }
     perm
+}
+
+/// `x` with positions `k` and `p` (one per index of the dimensions before
+/// `dim`) swapped along `dim`, exactly: selects, and a max over one slice.
+fn swap(g: &mut Graph, x: V, dim: usize, k: i64, p: V) -> V {
+    let ty = g.ty(x).clone();
+    let r = ty.rank();
+    let index = g.iota(DType::I64, &ty.shape, dim);
+    let before: Vec<i64> = (0..dim as i64).collect();
+    let p = g.broadcast_in_dim(p, &ty.shape, &before);
+    let is_p = g.compare("EQ", index, p);
+    let k_index = g.full(k as f64, DType::I64, &ty.shape);
+    let is_k = g.compare("EQ", index, k_index);
+    let lowest = g.identity(ReduceKind::Max, ty.dtype, &ty.shape);
+    let only_p = g.select(is_p, x, lowest);
+    let at_p = g.reduce(ReduceKind::Max, only_p, &[dim]);
+    let others: Vec<i64> = (0..r as i64).filter(|&d| d != dim as i64).collect();
+    let at_p = g.broadcast_in_dim(at_p, &ty.shape, &others);
+    let at_k = g.slice_dim(x, dim, k, k + 1, 1);
+    let all: Vec<i64> = (0..r as i64).collect();
+    let at_k = g.broadcast_in_dim(at_k, &ty.shape, &all);
+    let swapped = g.select(is_p, at_k, x);
+    g.select(is_k, at_p, swapped)
 }
 
 /// Row `perm[i]` of each matrix of `b` as its row i (`inverse`: row i as
@@ -279,9 +272,9 @@ fn solve_with(g: &mut Graph, lu: &Lu, b: V, left: bool, adjoint: bool) -> V {
 }
 
 /// Raises CPU's `_linalg_check_errors` error for the first matrix whose
-/// `info` is non-zero; `message` names its `info` as `{}` (after the batch
-/// element's index when batched).
-fn check_info(cx: &mut Cx, info: V, kind: Kind, api: &str, message: &str, values: impl Fn(&mut Graph, V) -> Vec<V>) {
+/// `info` is non-zero; `message` names its `info` as its `mentions` `{}`s
+/// (after the batch element's index when batched).
+fn check_info(cx: &mut Cx, info: V, kind: Kind, api: &str, message: &str, mentions: usize) {
     let batch = cx.g.ty(info).shape.clone();
     let zero = cx.g.full(0.0, DType::I32, &batch);
     let bad = cx.g.compare("NE", info, zero);
@@ -294,7 +287,7 @@ fn check_info(cx: &mut Cx, info: V, kind: Kind, api: &str, message: &str, values
     let index = cx.g.reshape(element, &[1]);
     let first = cx.g.take(info, index, 0);
     let first = cx.g.convert(first, DType::I64);
-    let mut parts = values(&mut cx.g, first);
+    let mut parts = vec![first; mentions];
     let prefix = if batch.is_empty() {
         ""
     } else {
@@ -332,7 +325,7 @@ fn lu_factor_ex(cx: &mut Cx) -> Result<Vec<V>> {
             Kind::Runtime,
             "torch.linalg.lu_factor_ex",
             "U[{},{}] is zero and using it on lu_solve would result in a division by zero. If you still want to perform the factorization, consider calling linalg.lu(A, pivot) or linalg.lu_factor_ex(A, pivot)",
-            |_, info| vec![info, info],
+            2,
         );
     }
     Ok(vec![lu.lu, lu.pivots, lu.info])
@@ -476,7 +469,7 @@ fn solve_ex(cx: &mut Cx) -> Result<Vec<V>> {
             Kind::LinAlg,
             "torch.linalg.solve_ex",
             "The solver failed because the input matrix is singular.",
-            |_, _| vec![],
+            0,
         );
     }
     Ok(vec![x, lu.lu, lu.pivots, lu.info])
@@ -495,7 +488,7 @@ fn inv_ex(cx: &mut Cx) -> Result<Vec<V>> {
             Kind::LinAlg,
             "linalg.inv_ex",
             "The diagonal element {} is zero, the inversion could not be completed because the input matrix is singular.",
-            |_, info| vec![info],
+            1,
         );
     }
     Ok(vec![inverse, lu.info])
