@@ -25,10 +25,10 @@ test: build
 	$(PY) -m pytest -q tests
 
 # The whole OpInfo conformance sweep (every sample; `make test` runs a seeded
-# subset): prints the pass rate per mode and dtype, writes build/conformance.json
-# and the table docs/COVERAGE.md.
+# subset, `make conformance LIMIT=8` a larger one): prints the pass rate per
+# mode and dtype, writes build/conformance.json and the table docs/COVERAGE.md.
 conformance: build
-	PYTHONPATH=tests $(PY) -m conformance --out build/conformance.json || status=$$?; \
+	PYTHONPATH=tests $(PY) -m conformance $(if $(LIMIT),--limit $(LIMIT)) --out build/conformance.json || status=$$?; \
 	$(PY) -m torchtpu.coverage --results build/conformance.json --markdown docs/COVERAGE.md; \
 	exit $${status:-0}
 

@@ -17,7 +17,6 @@ from conftest import synced, to_cpu
 from conformance import compare
 from conformance.compare import (DTYPES, assert_close, call, copy_sample, expect_same_error, for_each_sample, grads,
                                  opinfo)
-from conformance.exclusions import has_complex
 from conformance.known_failures import BFLOAT16_ROUNDING, GRID_BFLOAT16
 
 # OpInfo entries ("name" or "name.variant") whose computation is lowered.
@@ -223,8 +222,6 @@ def test_errors(request, name, mode):
         pytest.skip("no error inputs")
     for e in op.error_inputs("cpu"):
         s = e.sample_input
-        if has_complex(s):
-            continue
         try:
             call(op, copy_sample(s, "cpu"))
         except Exception as cpu_error:

@@ -7,7 +7,6 @@ fallback, and failures are listed with their reasons in known_failures.py."""
 import math
 
 import torch
-from torch.utils._pytree import tree_leaves
 
 UNDEFINED = "uninitialized memory: results are undefined"
 RANDOM = "random numbers: compared by distribution (test_random.py, test_nn.py dropout tests)"
@@ -62,12 +61,7 @@ EXCLUDED = {
 }
 
 
-def has_complex(sample):
-    return any(isinstance(x, complex) or isinstance(x, torch.Tensor) and x.is_complex()
-               for x in tree_leaves((sample.input, sample.args, sample.kwargs)))
-
-
-# Samples left out: (entry or "*" for all) -> [(predicate, why)].
+# Samples left out: entry -> [(predicate, why)].
 SINGLE_ELEMENT_NORM = (lambda s: math.prod(s.args[0]) == 1,
                        "normalizing one element: CPU's fused multiply-add leaves a rounding residue "
                        "of x * rstd where the exact result, 0, is what tpu gives")
@@ -91,24 +85,13 @@ MODE_TIES = (long_mode_row, "rows of more than 16 elements: CPU's unstable sort 
                             "occurrence of the mode")
 
 
-def spectral_or_nuclear(s):
-    """A matrix norm sample whose ord needs singular values."""
-    ord_ = s.args[0] if s.args else s.kwargs.get("ord")
-    dim = s.args[1] if len(s.args) > 1 else s.kwargs.get("dim")
-    return (isinstance(ord_, str) and ord_ == "nuc" or ord_ in (2, -2)) and s.input.ndim >= 2 and not isinstance(dim, int)
-
-
 EXCLUDED_SAMPLES = {
-    "*": [(has_complex, "complex inputs: tpu has no complex dtypes")],
     **{name: [UNSTABLE_TIES] for name in ("sort", "argsort", "msort", "topk", "kthvalue", "median", "nanmedian")},
     "mode": [MODE_TIES],
     "nn.functional.max_pool1d": [(lambda s: not s.input.is_floating_point(),
                                   "CPU runs max_pool1d without indices through a CPU-only kernel (max_pool1d_impl) "
                                   "that rejects integers; other devices use max_pool2d_with_indices, which takes them")],
     "nonzero": [(lambda s: s.kwargs.get("as_tuple"), "as_tuple=True returns a tuple, which out= cannot take")],
-    **{name: [(spectral_or_nuclear, "nuclear and spectral matrix norms need an SVD: LAPACK custom calls are not in "
-                                    "PJRT plugins (docs/ARCHITECTURE.md)")]
-       for name in ("linalg.norm", "linalg.matrix_norm")},
     **{f"index_reduce.{r}": [(lambda s: s.input.dtype == torch.bool,
                               "bool: CPU raises from one of three kernels depending on the sample, or returns "
                               "early; tpu raises index_func_'s error")]
@@ -122,4 +105,4 @@ EXCLUDED_SAMPLES = {
 
 
 def excluded_sample(name, sample):
-    return any(pred(sample) for pred, _ in EXCLUDED_SAMPLES["*"] + EXCLUDED_SAMPLES.get(name, []))
+    return any(pred(sample) for pred, _ in EXCLUDED_SAMPLES.get(name, []))

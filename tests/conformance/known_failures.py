@@ -33,7 +33,6 @@ KNOWN_FAILURES = {
     **{(e, "bfloat16"): GRID_BFLOAT16 for e in ["grid_sampler_2d", "nn.functional.grid_sample"]},
     ("nn.functional.scaled_dot_product_attention", "bfloat16"):
         "awaiting lowering (SDPA): tpu runs the math decomposition, rounding to bfloat16 where CPU's fused kernel does not",
-    "tensor_split": "tensor_indices_or_sections must be a CPU tensor (as on CUDA); the sample moves it to tpu",
 }
 
 

@@ -112,6 +112,7 @@ struct Marshal {
   // Moving a vector keeps its buffer, so TtArgs may point into these.
   std::vector<std::vector<int64_t>> ints;
   std::vector<std::vector<double>> floats;
+  bool complex_scalar = false;
 
   void add(const c10::IValue& v, bool generator, bool tensor_list, c10::DeviceIndex device) {
     TtArg a{};
@@ -168,7 +169,7 @@ struct Marshal {
       a.kind = TT_ARG_STRING;
       a.str = v.toStringRef().c_str();
     } else if (v.isComplexDouble()) {
-      TORCH_CHECK_NOT_IMPLEMENTED(false, "complex scalars are not supported on tpu");
+      complex_scalar = true;  // the core's arguments carry no complex numbers
     } else {
       a.kind = TT_ARG_OTHER;
     }
@@ -244,13 +245,15 @@ c10::IValue to_return(const c10::Argument& ret, std::vector<at::Tensor>& results
   }
 }
 
+// Runs the call on CPU, counted by the core as a fallback of `op`.
+void run_on_cpu(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  check(tt_fallback(c10::toString(op.operator_name()).c_str()));
+  at::native::cpu_fallback(op, stack);
+}
+
 void fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const OpEntry& entry = op_entry(op);
-  if (entry.op < 0) {
-    check(tt_fallback(c10::toString(op.operator_name()).c_str()));
-    at::native::cpu_fallback(op, stack);
-    return;
-  }
+  if (entry.op < 0) return run_on_cpu(op, stack);
   const auto& schema = op.schema();
   const size_t n = schema.arguments().size();
   auto inputs = torch::jit::last(*stack, n);
@@ -266,14 +269,12 @@ void fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   m.tensors.reserve(count_tensors(inputs));
   m.args.reserve(n);
   for (size_t i = 0; i < n; ++i) m.add(inputs[i], entry.generator[i], entry.tensor_list[i], device);
+  if (m.complex_scalar) return run_on_cpu(op, stack);
   const TtResult* raw = nullptr;
   int64_t count = 0;
   const int status = tt_op_run(entry.op, m.args.data(), static_cast<int64_t>(n), &raw, &count);
-  if (status == TT_FALLBACK) {  // a call the lowering does not cover (complex operands)
-    check(tt_fallback(c10::toString(op.operator_name()).c_str()));
-    at::native::cpu_fallback(op, stack);
-    return;
-  }
+  // A call the lowering does not cover (complex operands).
+  if (status == TT_FALLBACK) return run_on_cpu(op, stack);
   check(status);
   // Owns the result handles until they are wrapped or assigned.
   struct Results {

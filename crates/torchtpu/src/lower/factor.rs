@@ -274,7 +274,7 @@ fn solve_with(g: &mut Graph, lu: &Lu, b: V, left: bool, adjoint: bool) -> V {
 /// Raises CPU's `_linalg_check_errors` error for the first matrix whose
 /// `info` is non-zero; `message` names its `info` as its `mentions` `{}`s
 /// (after the batch element's index when batched).
-fn check_info(cx: &mut Cx, info: V, kind: Kind, api: &str, message: &str, mentions: usize) {
+pub(super) fn check_info(cx: &mut Cx, info: V, kind: Kind, api: &str, message: &str, mentions: usize) {
     let batch = cx.g.ty(info).shape.clone();
     let zero = cx.g.full(0.0, DType::I32, &batch);
     let bad = cx.g.compare("NE", info, zero);

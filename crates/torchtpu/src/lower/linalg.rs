@@ -2,12 +2,13 @@
 //! multiply in float32 and round once, as PyTorch's CPU BLAS paths do.
 //! Checks and messages follow each op's CPU meta function and kernel.
 use super::elementwise::{cpp_name, no_bool, not_implemented, opmath};
+use super::factor::check_info;
 use super::shape::{expand_check, keep_triangle};
 use super::{op, Cx, Entry};
 use crate::args::Tensor;
 use crate::dtype::DType;
 use crate::ensure;
-use crate::error::Result;
+use crate::error::{Kind, Result};
 use crate::ir::{Graph, ReduceKind, V};
 
 pub static ENTRIES: &[Entry] = &[
@@ -282,15 +283,18 @@ fn cholesky(cx: &mut Cx) -> Result<Vec<V>> {
     let order = cx.g.binary("stablehlo.add", first, one);
     let none = cx.g.full(0.0, DType::I64, &info_shape);
     let info = cx.g.select(any, order, none);
-    if cx.bool("check_errors")? && r == 2 {
-        cx.check(
-            any,
-            Some(info),
-            crate::error::Kind::Runtime,
-            "linalg.cholesky: The factorization could not be completed because the input is not positive-definite (the leading minor of order {} is not positive-definite).",
+    let info = cx.g.convert(info, DType::I32);
+    if cx.bool("check_errors")? {
+        check_info(
+            cx,
+            info,
+            Kind::LinAlg,
+            "linalg.cholesky",
+            "The factorization could not be completed because the input is not positive-definite (the leading minor of order {} is not positive-definite).",
+            1,
         );
     }
-    Ok(vec![f, cx.g.convert(info, DType::I32)])
+    Ok(vec![f, info])
 }
 
 /// True on the main diagonal of each trailing matrix of `shape`.
