@@ -42,7 +42,7 @@ OPS = [
     # matrix products
     "mm", "bmm", "addmm", "addmm.decomposed", "baddbmm", "matmul", "mv", "dot", "addmv",
     # shapes, indexing, factories
-    "cat", "stack", "hstack", "vstack", "flip", "index_select", "index_add", "gather", "take_along_dim",
+    "cat", "stack", "hstack", "vstack", "flip", "unfold", "index_select", "index_add", "gather", "take_along_dim",
     "scatter", "scatter_add", "scatter_reduce.sum", "scatter_reduce.prod", "scatter_reduce.mean",
     "scatter_reduce.amax", "scatter_reduce.amin", "index_reduce.prod", "index_reduce.mean", "index_reduce.amax",
     "index_reduce.amin", "index_fill", "__getitem__", "index_put", "nonzero", "argwhere",
@@ -275,6 +275,8 @@ VIEW_CASES = {
     "unsqueezed_clamp_": lambda x: x.unsqueeze(0)[:, 1:4].clamp_(-0.5, 0.5),
     "out_into_view": lambda x: torch.add(x[0], x[1], out=x[2]),
     "expanded_write_": lambda x: x[0].expand(3, 8).add_(1),
+    "unfold_windows": lambda x: x.unfold(1, 3, 2).sum(-1) + x.unfold(0, 2, 2).amax(-1)[:, :3].repeat(2, 1),
+    "unfold_write_": lambda x: x.unfold(1, 4, 2)[:, 1].mul_(3),
 }
 
 

@@ -26,7 +26,13 @@ KNOWN_FAILURES = {
         # pooling, padding and resampling gradients CPU accumulates in bfloat16
         "nn.functional.adaptive_avg_pool2d", "nn.functional.adaptive_avg_pool3d", "nn.functional.avg_pool1d",
         "nn.functional.avg_pool2d", "nn.functional.max_pool2d", "nn.functional.interpolate.area",
-        "nn.functional.interpolate.trilinear", "nn.functional.pad.replicate_negative"]},
+        "nn.functional.interpolate.trilinear", "nn.functional.pad.replicate_negative",
+        # measured against float64 on the failing samples: CPU off by 3-43%, tpu by <0.4%
+        "nn.functional.interpolate.linear", "nn.functional.interpolate.bicubic", "nn.functional.pad.reflect",
+        "nn.functional.pad.replicate"]},
+    ("nextafter", "bfloat16"):
+        "subnormal inputs (nextafter's samples step from 0): XLA's CPU runtime flushes subnormals to zero, "
+        "as TPUs do, so the gradient's `self != other` mask differs there",
     ("nn.functional.embedding_bag", "bfloat16"):
         "bfloat16: CPU divides mean gradients in bfloat16, and its embedding_renorm_ (max_norm) rounds rows one "
         "bfloat16 ulp apart from tpu's, which a bag's sum with per_sample_weights can amplify by cancellation",

@@ -11,6 +11,7 @@
 #include <ATen/ops/_reshape_alias_native.h>
 #include <ATen/ops/as_strided_cpu_dispatch.h>
 #include <ATen/ops/set_native.h>
+#include <ATen/ops/unfold_native.h>
 #include <ATen/ops/view_as_complex_native.h>
 #include <ATen/ops/view_as_real_native.h>
 #include <ATen/ops/view_native.h>
@@ -471,6 +472,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("view", TORCH_FN(view));
   m.impl("view_as_real", TORCH_FN(at::native::view_as_real));
   m.impl("view_as_complex", TORCH_FN(at::native::view_as_complex));
+  m.impl("unfold", TORCH_FN(at::native::unfold));
   m.impl("_reshape_alias", TORCH_FN(reshape_alias));
   m.impl("resize_", TORCH_FN(resize));
   m.impl("set_.source_Storage_storage_offset", TORCH_FN(set_storage));

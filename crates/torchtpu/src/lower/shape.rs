@@ -4,10 +4,15 @@ use super::{op, wrap_dim, Cx, Entry};
 use crate::args::Tensor;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::ir::{Graph, V};
+use crate::ir::{Graph, ReduceKind, V};
 
-pub static ENTRIES: &[Entry] =
-    &[op("cat", cat), op("flip", flip), op("tril", |cx| triangle(cx, true)), op("triu", |cx| triangle(cx, false))];
+pub static ENTRIES: &[Entry] = &[
+    op("cat", cat),
+    op("flip", flip),
+    op("tril", |cx| triangle(cx, true)),
+    op("triu", |cx| triangle(cx, false)),
+    op("unfold_backward", unfold_backward),
+];
 
 /// PyTorch's checks that `t` expands to `target` (`Tensor.expand`).
 pub fn expand_check(t: &Tensor, target: &[i64]) -> Result<()> {
@@ -42,6 +47,39 @@ fn flip(cx: &mut Cx) -> Result<Vec<V>> {
     let dims: Vec<i64> = dim_list(&cx.ints("dims")?, t.sizes.len())?.into_iter().map(|d| d as i64).collect();
     let x = cx.tensor("self")?;
     Ok(vec![if dims.is_empty() { x } else { cx.g.reverse(x, &dims) }])
+}
+
+/// The gradient of `Tensor.unfold(dim, size, step)` (a view): window `i`'s
+/// element `k` adds into the input at `i * step + k` along `dim`, where
+/// windows overlap when `step < size`.
+fn unfold_backward(cx: &mut Cx) -> Result<Vec<V>> {
+    let t = cx.meta("grad_in")?;
+    let input = cx.ints("input_sizes")?;
+    let (size, step) = (cx.int("size")?, cx.int("step")?);
+    let grad = cx.tensor("grad_in")?;
+    if input.is_empty() {
+        return Ok(vec![cx.g.reshape(grad, &[])]); // a 0-dim input's one window
+    }
+    let dim = wrap_dim(cx.int("dim")?, input.len())?;
+    let windows = t.sizes[dim];
+    let zeros = cx.g.full(0.0, t.dtype, &input);
+    if windows * size == 0 {
+        return Ok(vec![zeros]);
+    }
+    // [.., windows, .., size] -> [.., windows * size, ..], window-major.
+    let mut perm: Vec<i64> = (0..input.len() as i64).collect();
+    perm.insert(dim + 1, input.len() as i64);
+    let grad = cx.g.transpose(grad, &perm);
+    let mut flat = input.clone();
+    flat[dim] = windows * size;
+    let updates = cx.g.reshape(grad, &flat);
+    let window = cx.g.iota(DType::I64, &[windows, size], 0);
+    let strides = cx.g.full(step as f64, DType::I64, &[windows, size]);
+    let start = cx.g.binary("stablehlo.multiply", window, strides);
+    let offset = cx.g.iota(DType::I64, &[windows, size], 1);
+    let at = cx.g.binary("stablehlo.add", start, offset);
+    let at = cx.g.reshape(at, &[windows * size]);
+    Ok(vec![cx.g.put(zeros, at, updates, dim, Some(ReduceKind::Sum))])
 }
 
 /// The lower (`tril`) or upper triangle of the last two dimensions from
