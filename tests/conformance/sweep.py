@@ -40,7 +40,7 @@ def entries():
 def check_sample(name, op, sample, grad):
     """Compares one sample on tpu with CPU."""
     import torch
-    from conformance.compare import assert_close, expect_same, expect_same_error, grads
+    from conformance.compare import assert_close, copy_sample, expect_same, expect_same_error, grads, to_float64
 
     found = expect_same(name, op, sample)
     if grad and found is not None:
@@ -51,8 +51,13 @@ def check_sample(name, op, sample, grad):
             expect_same_error(e, grads, op, tpu_sample, actual)
         else:
             if expected_grads is not None:
+                dtype = expected_grads[0].dtype
+
+                def reference():
+                    return grads(op, to_float64(copy_sample(sample, "cpu", name)), cotangent_dtype=dtype)
+
                 try:
-                    assert_close(name, grads(op, tpu_sample, actual), expected_grads)
+                    assert_close(name, grads(op, tpu_sample, actual), expected_grads, reference)
                 except AssertionError as e:
                     raise AssertionError(f"gradient: {e}") from None
     torch.tpu.synchronize()
