@@ -118,8 +118,8 @@ SLOW_TO_COMPILE = {name for name in OPS if "pool" in name or "interpolate" in na
 SLOW_TO_COMPILE |= {*FACTORIZATIONS, "unique_consecutive"}
 
 
-def mark_known_gap(request, name, check, dtype=None):
-    reason = KNOWN_GAPS.get((name, check)) or KNOWN_GAPS.get((name, check, str(dtype).removeprefix("torch.")))
+def mark_known_gap(request, name, check):
+    reason = KNOWN_GAPS.get((name, check))
     if reason:
         # Debug mode's subset of samples may miss the failing one.
         strict = request.node.callspec.params["mode"] == "strict"
@@ -161,7 +161,7 @@ def supported(op, dtype):
 @pytest.mark.parametrize("name", OPS)
 def test_values(request, name, dtype, mode):
     """Results as on CPU; dtypes CPU does not support raise its errors."""
-    mark_known_gap(request, name, "values", dtype)
+    mark_known_gap(request, name, "values")
     op = opinfo(name)
     try:
         samples_ = samples(name, dtype, mode)

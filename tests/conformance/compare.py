@@ -53,14 +53,13 @@ TOLERANCES = {
     # LAPACK's tridiagonal QR at its own; eigenvectors agree to ~1e-6, and
     # the gradient divides their difference by eigenvalue gaps (pinv's
     # hermitian path is eigh's).
-    "linalg.eigh": {torch.float32: dict(atol=1e-4, rtol=5e-4)},
-    "linalg.pinv.hermitian": {torch.float32: dict(atol=1e-4, rtol=5e-4)},
+    **{name: {torch.float32: dict(atol=1e-4, rtol=5e-4)} for name in ("linalg.eigh", "linalg.pinv.hermitian")},
     # XLA's FFT (DUCC) and PyTorch's pocketfft factor non-power-of-two sizes
     # differently: multi-dimensional transforms (and stft's gradient, summed
     # over overlapping frames) differ by up to ~2e-5.
-    **{f"fft.{k}{n}": {torch.float32: dict(atol=1e-4, rtol=3e-5)}
-       for k in ("fft", "ifft", "rfft", "irfft", "hfft", "ihfft") for n in ("", "2", "n")},
-    "stft": {torch.float32: dict(atol=1e-4, rtol=3e-5)},
+    **{name: {torch.float32: dict(atol=1e-4, rtol=3e-5)}
+       for name in ["stft", *(f"fft.{k}{n}" for k in ("fft", "ifft", "rfft", "irfft", "hfft", "ihfft")
+                              for n in ("", "2", "n"))]},
     # cdist's matrix-product path (p=2) computes |x1|² + |x2|² - 2 x1·x2,
     # which cancels for near points; its gradient divides by the result.
     "cdist": {torch.float32: dict(atol=1e-4, rtol=1.3e-6)},
