@@ -58,6 +58,22 @@ def test_dtypes_round_trip(dtype):
     torch.testing.assert_close(t.to(torch.float32).cpu(), x.to(torch.float32))
 
 
+def test_complex32_is_stored_and_computed_on_cpu():
+    """XLA has no complex32: tpu stores it (copies and views move its bits),
+    and its conversions and ops run on the CPU, counted as fallbacks."""
+    x = torch.randn(3, 4)
+    bits = torch.view_as_real  # CPU has no equal() for complex32
+    torchtpu.reset_metrics()
+    c = x.to("tpu").chalf()
+    assert (c.dtype, c.device.type) == (torch.complex32, "tpu")
+    assert torch.equal(bits(c.cpu()), bits(x.chalf()))
+    assert torch.equal(bits(c[1:, ::2].cpu()), bits(x.chalf()[1:, ::2]))
+    assert torch.equal(bits((c * c).cpu()), bits(x.chalf() * x.chalf()))
+    assert torch.equal(c.real.cpu(), x.half())
+    torch.testing.assert_close(c.cfloat().cpu(), x.chalf().cfloat())
+    assert torchtpu.metrics()["fallbacks"] == {"aten::_copy_from": 2, "aten::mul.out": 1}
+
+
 def test_module_to():
     m = torch.nn.Linear(4, 3)
     m.to("tpu")
@@ -203,3 +219,21 @@ def test_fallback_warning_once_per_op():
     out = run_python(code, TORCHTPU_LOG="1")
     warnings = [l for l in out.stderr.splitlines() if "runs on the CPU" in l]
     assert warnings == ["torchtpu: aten::_linalg_svd.U has no tpu lowering; it runs on the CPU (copied there and back)"]
+
+
+def test_lowerings_are_not_hidden_by_composites():
+    """A CompositeImplicitAutograd kernel wins over the boxed fallback that
+    reaches the op table. Where CPU runs an op with its own kernel, tpu must
+    run its lowering too, not the composite's decomposition (which rounds
+    differently in low precision, as silu_backward's did in bfloat16)."""
+    has = torch._C._dispatch_has_kernel_for_dispatch_key
+    lowered = set(torchtpu._C.lowered_ops())
+    hidden = []
+    for schema in torch._C._jit_get_all_schemas():
+        namespace, _, name = schema.name.partition("::")
+        qualified = schema.name + (f".{schema.overload_name}" if schema.overload_name else "")
+        if namespace != "aten" or name not in lowered or not torch._C._dispatch_has_kernel(qualified):
+            continue
+        if has(qualified, "CompositeImplicitAutograd") and has(qualified, "CPU") and not has(qualified, "PrivateUse1"):
+            hidden.append(qualified)
+    assert hidden == []

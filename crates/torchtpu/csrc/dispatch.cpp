@@ -61,6 +61,7 @@ struct OpEntry {
   std::vector<int> outs;         // argument indices of out= tensors
   std::vector<bool> generator;   // arguments of type Generator?
   std::vector<bool> tensor_list; // arguments of type Tensor[] or Tensor?[]
+  std::vector<bool> scalar_type; // arguments of type ScalarType or ScalarType?
   bool inplace = false;          // self is written (add_, fill_, ...)
   std::vector<int> mutated;      // other written tensors (running stats): is_written
 };
@@ -86,6 +87,7 @@ const OpEntry& register_op(const c10::OperatorHandle& op) {
     if (is_out) slot->outs.push_back(static_cast<int>(i));
     slot->generator.push_back(types[i] == "Generator?");
     slot->tensor_list.push_back(types[i].rfind("Tensor", 0) == 0 && types[i].back() == ']');
+    slot->scalar_type.push_back(types[i] == "ScalarType" || types[i] == "ScalarType?");
     // Mutated tensor lists (fused optimizers) are not written back.
     bool other_written = written(i) && !is_out && !(slot->inplace && i == 0) && !slot->tensor_list[i];
     args.push_back({a.name().c_str(), types[i].c_str(), is_out, other_written});
@@ -113,11 +115,13 @@ struct Marshal {
   // Moving a vector keeps its buffer, so TtArgs may point into these.
   std::vector<std::vector<int64_t>> ints;
   std::vector<std::vector<double>> floats;
-  bool complex_scalar = false;
+  // A call the core cannot take runs on the CPU: its arguments carry no
+  // complex numbers, and XLA has no complex32 to compute in.
+  bool on_cpu = false;
 
-  void add(const c10::IValue& v, bool generator, bool tensor_list, c10::DeviceIndex device) {
+  void add(const OpEntry& entry, size_t i, const c10::IValue& v, c10::DeviceIndex device) {
     TtArg a{};
-    if (generator) {
+    if (entry.generator[i]) {
       a.kind = TT_ARG_SEED;
       a.i = static_cast<int64_t>(draw_seed(
           v.isNone() ? std::nullopt : std::optional<at::Generator>(v.toGenerator()), device));
@@ -133,7 +137,7 @@ struct Marshal {
       a.len = static_cast<int64_t>(list.size());
       a.tensors = tensors.data() + tensors.size();
       for (const at::Tensor& t : list) push(t);
-    } else if (v.isList() && tensor_list) {
+    } else if (v.isList() && entry.tensor_list[i]) {
       a.kind = TT_ARG_TENSOR_LIST;  // Tensor?[]
       auto list = v.toList();
       a.len = static_cast<int64_t>(list.size());
@@ -145,6 +149,7 @@ struct Marshal {
     } else if (v.isInt() || v.isSymInt()) {
       a.kind = TT_ARG_INT;
       a.i = v.isInt() ? v.toInt() : v.toSymInt().guard_int(__FILE__, __LINE__);
+      on_cpu |= entry.scalar_type[i] && a.i == static_cast<int64_t>(at::kComplexHalf);
     } else if (v.isDouble()) {
       a.kind = TT_ARG_FLOAT;
       a.f = v.toDouble();
@@ -170,7 +175,7 @@ struct Marshal {
       a.kind = TT_ARG_STRING;
       a.str = v.toStringRef().c_str();
     } else if (v.isComplexDouble()) {
-      complex_scalar = true;  // the core's arguments carry no complex numbers
+      on_cpu = true;
     } else {
       a.kind = TT_ARG_OTHER;
     }
@@ -178,6 +183,7 @@ struct Marshal {
   }
 
   const TtTensor* push(const at::Tensor& t) {
+    on_cpu |= t.defined() && t.scalar_type() == at::kComplexHalf;
     tensors.push_back(describe(t));
     return &tensors.back();
   }
@@ -269,8 +275,8 @@ void fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   Marshal m;
   m.tensors.reserve(count_tensors(inputs));
   m.args.reserve(n);
-  for (size_t i = 0; i < n; ++i) m.add(inputs[i], entry.generator[i], entry.tensor_list[i], device);
-  if (m.complex_scalar) return run_on_cpu(op, stack);
+  for (size_t i = 0; i < n; ++i) m.add(entry, i, inputs[i], device);
+  if (m.on_cpu) return run_on_cpu(op, stack);
   const TtResult* raw = nullptr;
   int64_t count = 0;
   const int status = tt_op_run(entry.op, m.args.data(), static_cast<int64_t>(n), &raw, &count);
@@ -428,13 +434,17 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool /*non_b
   // The math bits (conjugate, negative) of a tpu source are applied after
   // the copy of its stored values: resolving them first would copy again.
   if (self.is_privateuseone() && dst.is_privateuseone()) {
-    if (self.device() == dst.device()) {
+    // XLA has no complex32: a conversion to or from it runs on the CPU.
+    bool complex32 = self.scalar_type() != dst.scalar_type() &&
+                     (self.scalar_type() == at::kComplexHalf || dst.scalar_type() == at::kComplexHalf);
+    if (self.device() == dst.device() && !complex32) {
       copy_on_device(self, dst);
       if (self.is_conj() && dst.is_complex()) dst.conj_physical_();
       if (self.is_neg()) dst.neg_();
       return dst;
     }
-    return copy_from(self.cpu(), dst, false);  // between tpu devices, through the host
+    if (complex32) check(tt_fallback("aten::_copy_from"));
+    return copy_from(self.cpu(), dst, false);  // through the host
   }
   if (dst.is_privateuseone()) {
     // The core receives host data already in dst's dtype and shape.
@@ -491,11 +501,13 @@ TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
 // Operators whose composite kernels would win over the fallback: the
 // convolution hooks for out-of-tree backends (their defaults throw), norms
 // PyTorch otherwise decomposes (layer_norm into batch_norm), mode, whose
-// composite kernel accepts only CPU, CUDA and XPU tensors, and conj_physical_,
-// whose composite kernel calls a CPU/CUDA kernel stub directly.
+// composite kernel accepts only CPU, CUDA and XPU tensors, conj_physical_,
+// whose composite kernel calls a CPU/CUDA kernel stub directly, and
+// silu_backward, whose composite rounds each step to bfloat16 where CPU's
+// kernel computes in float (test_device checks no other lowering is hidden).
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   for (const char* name : {"convolution_overrideable", "convolution_backward_overrideable", "native_layer_norm",
-                           "native_group_norm", "mode", "mode.values", "conj_physical_"}) {
+                           "native_group_norm", "mode", "mode.values", "conj_physical_", "silu_backward"}) {
     m.impl(name, torch::CppFunction::makeFromBoxedFunction<&torchtpu::fallback>());
   }
 }

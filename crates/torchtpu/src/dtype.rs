@@ -19,6 +19,10 @@ pub enum DType {
     /// lowerings that declare complex support accept them (`Entry::complex`).
     C64,
     C128,
+    /// complex32: storage only. Its values move as 32-bit words (copies,
+    /// views); every op on it runs on the CPU (the adapter routes it there),
+    /// since XLA has no complex32.
+    C32,
 }
 
 use DType::*;
@@ -44,6 +48,7 @@ impl DType {
             29 => U64,
             9 => C64,
             10 => C128,
+            8 => C32,
             _ => return Err(Error::type_error(format!("tpu does not support dtype {}", c10_name(code)))),
         })
     }
@@ -64,6 +69,7 @@ impl DType {
             U64 => 29,
             C64 => 9,
             C128 => 10,
+            C32 => 8,
         }
     }
 
@@ -71,7 +77,7 @@ impl DType {
         match self {
             Bool | U8 | I8 => 1,
             I16 | F16 | BF16 => 2,
-            I32 | F32 | U32 => 4,
+            I32 | F32 | U32 | C32 => 4,
             I64 | F64 | U64 | C64 => 8,
             C128 => 16,
         }
@@ -123,7 +129,7 @@ impl DType {
             BF16 => "bf16",
             F32 => "f32",
             F64 => "f64",
-            U32 => "ui32",
+            U32 | C32 => "ui32",
             U64 => "ui64",
             C64 => "complex<f32>",
             C128 => "complex<f64>",
@@ -143,7 +149,7 @@ impl DType {
             BF16 => E::BF16,
             F32 => E::F32,
             F64 => E::F64,
-            U32 => E::U32,
+            U32 | C32 => E::U32,
             U64 => E::U64,
             C64 => E::C64,
             C128 => E::C128,
@@ -290,5 +296,14 @@ mod tests {
         assert_eq!(result_type(&[(F32, Priority::Dim), (F64, Priority::ZeroDim)]), F32);
         assert_eq!(result_type(&[(I32, Priority::Dim), (F64, Priority::ZeroDim)]), F64);
         assert_eq!(result_type(&[(Bool, Priority::Dim), (I64, Priority::Wrapped)]), I64);
+    }
+}
+
+/// float16/bfloat16 are computed in float32 (PyTorch's "opmath" type).
+pub fn opmath(dtype: DType) -> DType {
+    if matches!(dtype, DType::F16 | DType::BF16) {
+        DType::F32
+    } else {
+        dtype
     }
 }

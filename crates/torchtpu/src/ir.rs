@@ -3,7 +3,7 @@
 //! Lowerings build it through the methods of [`Graph`]; `emit` prints it as
 //! StableHLO. Shape rules are checked here, once, so a lowering bug surfaces as
 //! an error naming the operation rather than as an XLA compile failure.
-use crate::dtype::DType;
+use crate::dtype::{opmath, DType};
 
 pub type V = usize;
 
@@ -447,11 +447,19 @@ impl Graph {
 
     /// The inverse of `take`: scatters `updates` (shape as `take` would
     /// produce) into `a` at `indices` along `axis`, combining with `combine`
-    /// or overwriting.
+    /// or overwriting. float16/bfloat16 sums and products accumulate in
+    /// float32 and round once: XLA would round after every step, in an
+    /// order of its choosing.
     pub fn put(&mut self, a: V, indices: V, updates: V, axis: usize, combine: Option<ReduceKind>) -> V {
         let ty = self.ty(a).clone();
         if ty.shape[axis] == 0 {
             return a; // nowhere to write, as in `take`
+        }
+        let ct = opmath(ty.dtype);
+        if ct != ty.dtype && matches!(combine, Some(ReduceKind::Sum | ReduceKind::Prod)) {
+            let (a, updates) = (self.convert(a, ct), self.convert(updates, ct));
+            let r = self.put(a, indices, updates, axis, combine);
+            return self.convert(r, ty.dtype);
         }
         self.push(Op::Put { axis: axis as i64, combine }, vec![a, indices, updates], ty)
     }

@@ -5,13 +5,12 @@
 //! by a scatter, padding rows into a spare bag past the last. The auxiliary
 //! results (offset2bag, bag_size, max_indices) have CPU's values: its
 //! backward operators read them.
-use super::elementwise::opmath;
 use super::index::checked_indices;
 use super::nn::{div, expect_types, mul};
 use super::reduce::scan;
 use super::{op, Cx, Entry};
 use crate::args::Tensor;
-use crate::dtype::DType;
+use crate::dtype::{opmath, DType};
 use crate::ensure;
 use crate::error::{Error, Kind, Result};
 use crate::ir::{ReduceKind, V};

@@ -12,9 +12,9 @@
 //! convolves the input with grad_output, batch and feature roles swapped.
 //! Integer tensors convolve in their own type, as on CPU; bool ones raise
 //! CPU's error.
-use super::elementwise::{finish, not_implemented, opmath};
+use super::elementwise::{finish, not_implemented};
 use super::{op, Cx, Entry, UNDEFINED};
-use crate::dtype::DType;
+use crate::dtype::{opmath, DType};
 use crate::error::{Error, Result};
 use crate::ir::{dilated, Conv, ReduceKind, V};
 

@@ -5,7 +5,7 @@
 //! in float32 and rounded once, as PyTorch's CPU kernels do.
 use super::{op, op_complex, Cx, Entry, Operand};
 use crate::args::Arg;
-use crate::dtype::{DType, DEFAULT_FLOAT};
+use crate::dtype::{opmath, DType, DEFAULT_FLOAT};
 use crate::error::{Error, Result};
 use crate::ir::V;
 
@@ -90,15 +90,6 @@ pub static ENTRIES: &[Entry] = &[
     op("isneginf", |cx| is_infinity(cx, f64::NEG_INFINITY)),
 ];
 
-/// float16/bfloat16 are computed in float32 (PyTorch's "opmath" type).
-pub fn opmath(dtype: DType) -> DType {
-    if matches!(dtype, DType::F16 | DType::BF16) {
-        DType::F32
-    } else {
-        dtype
-    }
-}
-
 /// Operands promoted to their common compute type: (values, result dtype).
 pub(super) fn promoted(cx: &mut Cx, names: &[&str]) -> Result<(Vec<V>, DType)> {
     let ops: Vec<Operand> = names.iter().map(|n| cx.operand(n)).collect::<Result<_>>()?;
@@ -158,6 +149,7 @@ pub(super) fn cpp_name(dtype: DType) -> &'static str {
         DType::U64 => "unsigned long",
         DType::C64 => "c10::complex<float>",
         DType::C128 => "c10::complex<double>",
+        DType::C32 => "c10::complex<c10::Half>",
     }
 }
 

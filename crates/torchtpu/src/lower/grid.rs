@@ -5,10 +5,10 @@
 //! each point. A tap outside the input reads zero, which a NaN weight still
 //! turns into NaN, as on CPU. Taps are gathers from the input's [N·H·W, C]
 //! rows; the input gradient scatter-adds to the same rows.
-use super::elementwise::{full_like, not_implemented, opmath};
+use super::elementwise::{full_like, not_implemented};
 use super::nn::{add, mul};
 use super::{op, Cx, Entry, UNDEFINED};
-use crate::dtype::DType;
+use crate::dtype::{opmath, DType};
 use crate::error::{Error, Result};
 use crate::ir::{ReduceKind, V};
 

@@ -2,12 +2,12 @@
 //! message after the program ran. Operators whose result shape depends on
 //! values (`nonzero`, `masked_select`, indexing with boolean masks) count
 //! first, in a `measure` lowering the host reads, then run with that size.
-use super::elementwise::{cpp_name, not_implemented, opmath};
+use super::elementwise::{cpp_name, not_implemented};
 use super::reduce::scan;
 use super::sort::sorted;
 use super::{op, op_measured, wrap_dim, Cx, Entry};
 use crate::args::Tensor;
-use crate::dtype::DType;
+use crate::dtype::{opmath, DType};
 use crate::error::{Error, Kind, Result};
 use crate::ir::{ReduceKind, V};
 use crate::view::contiguous_strides;

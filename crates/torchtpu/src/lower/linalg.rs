@@ -1,12 +1,12 @@
 //! Matrix products. Everything reaches `dot_general`; float16/bfloat16
 //! multiply in float32 and round once, as PyTorch's CPU BLAS paths do.
 //! Checks and messages follow each op's CPU meta function and kernel.
-use super::elementwise::{cpp_name, no_bool, not_implemented, opmath};
+use super::elementwise::{cpp_name, no_bool, not_implemented};
 use super::factor::check_info;
 use super::shape::{expand_check, keep_triangle};
 use super::{op, Cx, Entry};
 use crate::args::Tensor;
-use crate::dtype::DType;
+use crate::dtype::{opmath, DType};
 use crate::ensure;
 use crate::error::{Kind, Result};
 use crate::ir::{Graph, ReduceKind, V};

@@ -188,6 +188,10 @@ fn copy_into(cx: &mut Cx) -> Result<Vec<V>> {
             dst.sizes
         )));
     }
+    let from = cx.g.ty(src).dtype;
+    if from != dst.dtype && (from == DType::C32 || dst.dtype == DType::C32) {
+        return Err(Error::runtime("torchtpu: complex32 converts on the CPU; this copy should not reach the core"));
+    }
     let src = cx.g.convert(src, dst.dtype);
     let src = cx.g.broadcast_to(src, dst.sizes);
     Ok(vec![cx.write_view("dst", src)?])

@@ -5,12 +5,12 @@
 //! (float16/bfloat16 in float32, rounded once). Scalar arguments (slopes,
 //! `alpha`, `beta`, `p`, ...) are runtime operands.
 use super::distance::Norm;
-use super::elementwise::{finish, full_like, not_implemented, opmath, promoted, round_to};
+use super::elementwise::{finish, full_like, not_implemented, promoted, round_to};
 use super::index::checked_indices;
 use super::random::uniform01;
 use super::{op, op_consts, wrap_dim, Cx, Entry};
 use crate::args::Tensor;
-use crate::dtype::DType;
+use crate::dtype::{opmath, DType};
 use crate::error::{Error, Kind, Result};
 use crate::ir::{ReduceKind, V};
 

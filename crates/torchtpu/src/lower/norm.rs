@@ -7,10 +7,10 @@
 //! type; like CPU, they are returned in float32 when a float16/bfloat16
 //! input comes with float32 parameters ("mixed type"), else in the input's
 //! dtype. `eps` and `momentum` are runtime operands.
-use super::elementwise::{not_implemented, opmath, round_to};
+use super::elementwise::{not_implemented, round_to};
 use super::nn::{add, mul, reduce_back, sub};
 use super::{op, op_writes, Cx, Entry, UNDEFINED};
-use crate::dtype::DType;
+use crate::dtype::{opmath, DType};
 use crate::error::{Error, Result};
 use crate::ir::{ReduceKind, V};
 

@@ -3,10 +3,10 @@
 //! position reads the reflected or clamped input position. (Constant padding
 //! is `constant_pad_nd`, a composite of `pad` and copies; circular padding a
 //! composite of slices and `cat`.)
-use super::elementwise::{finish, not_implemented, opmath};
+use super::elementwise::{finish, not_implemented};
 use super::resize::{resample, resample_backward, Resample, Tap};
 use super::{op, Cx, Entry};
-use crate::dtype::DType;
+use crate::dtype::{opmath, DType};
 use crate::error::{Error, Result};
 use crate::ir::V;
 

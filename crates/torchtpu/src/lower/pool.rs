@@ -9,10 +9,10 @@
 //! of a max is its flat position within its input plane, the first maximum
 //! in scan order (NaN wins), as on CPU. Adaptive average pooling is linear
 //! and separable: one small averaging matrix per dimension.
-use super::elementwise::{finish, not_implemented, opmath};
+use super::elementwise::{finish, not_implemented};
 use super::nn::{add, mul};
 use super::{op, Cx, Entry};
-use crate::dtype::DType;
+use crate::dtype::{opmath, DType};
 use crate::error::{Error, Result};
 use crate::ir::{dilated, Op, ReduceKind, Ty, V};
 

@@ -1,8 +1,7 @@
 //! Random numbers: XLA expands a 64-bit seed drawn from the tpu generator
 //! (a runtime input, so new seeds never recompile).
-use super::elementwise::opmath;
 use super::{op, Cx, Entry};
-use crate::dtype::DType;
+use crate::dtype::{opmath, DType};
 use crate::error::Result;
 use crate::ir::{Ty, V};
 

@@ -1,8 +1,8 @@
 //! Reductions. One rule for dims/keepdim/dtype; float16/bfloat16 accumulate
 //! in float32.
-use super::elementwise::{arith, no_bool, opmath};
+use super::elementwise::{arith, no_bool};
 use super::{op, op_consts, wrap_dim, Cx, Entry};
-use crate::dtype::DType;
+use crate::dtype::{opmath, DType};
 use crate::error::{Error, Result};
 use crate::ir::{ReduceKind, V};
 

@@ -8,11 +8,11 @@
 //! arithmetic types (float32 for float32/bfloat16, double for float64), so
 //! they are exactly CPU's, and enter the program as constants. The backward
 //! operators scatter-add the weighted gradient to the same taps.
-use super::elementwise::{finish, not_implemented, opmath};
+use super::elementwise::{finish, not_implemented};
 use super::nn::{add, mul};
 use super::{op_consts, Cx, Entry};
 use crate::args::Tensor;
-use crate::dtype::DType;
+use crate::dtype::{opmath, DType};
 use crate::error::{Error, Result};
 use crate::ir::{ReduceKind, V};
 
