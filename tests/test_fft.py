@@ -37,6 +37,29 @@ def test_conjugate_views_are_resolved_by_copies(mode):
     assert torch.equal(t.resolve_conj().cpu(), z.conj_physical())
 
 
+def test_writes_through_conjugate_and_negative_views(mode):
+    """copy_ and out= into a view with the conjugate or negative bit store
+    the values that read back, through the bit, as the result (as on CPU)."""
+    a = torch.randn(3, 4, dtype=torch.complex64)
+    b = torch.randn(3, 4, dtype=torch.complex64)
+
+    def writes(device):
+        a_, b_ = a.to(device), b.to(device)
+        outs = [torch.zeros(3, 4, dtype=torch.complex64, device=device) for _ in range(5)]
+        outs[0].conj().copy_(a_)
+        outs[1].conj()[:, 1::2].copy_(a_.conj()[:, ::2])
+        torch.add(a_, b_, out=outs[2].conj())
+        torch.mul(a_.conj(), b_, out=outs[3][1:].conj())
+        outs[4].copy_(a_.conj())
+        reals = [torch.zeros(3, 4, device=device) for _ in range(2)]
+        torch._neg_view(reals[0]).copy_(a_.real)
+        torch.add(a_.real, 1, out=torch._neg_view(reals[1])[::2])
+        return [t.cpu() for t in outs + reals]
+
+    for got, expected in zip(writes("tpu"), writes("cpu")):
+        torch.testing.assert_close(got, expected)  # mul rounds as XLA's complex product does
+
+
 def test_complex_operands_without_lowering_fall_back_counted(mode):
     z = torch.randn(4, 8, dtype=torch.complex64)
     torchtpu.reset_metrics()

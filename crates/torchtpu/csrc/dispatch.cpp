@@ -429,18 +429,25 @@ at::Tensor& set_empty(at::Tensor& self) {
   return set_storage(self, c10::Storage(std::move(storage)), 0, c10::SymIntArrayRef({c10::SymInt(0)}), {});
 }
 
+// `t` without its math bits (conjugate, negative): the values its storage holds.
+at::Tensor stored(const at::Tensor& t) {
+  auto s = t.is_conj() ? t.conj() : t;  // conj() of a conjugate view clears the bit
+  return s.is_neg() ? at::_neg_view(s) : s;
+}
+
+// Math bits are views' business: a copy moves stored values, then makes dst's
+// stored values read, through dst's bits, as self's values do through self's.
 at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool /*non_blocking*/) {
   if (dst.numel() == 0) return dst;
-  // The math bits (conjugate, negative) of a tpu source are applied after
-  // the copy of its stored values: resolving them first would copy again.
   if (self.is_privateuseone() && dst.is_privateuseone()) {
     // XLA has no complex32: a conversion to or from it runs on the CPU.
     bool complex32 = self.scalar_type() != dst.scalar_type() &&
                      (self.scalar_type() == at::kComplexHalf || dst.scalar_type() == at::kComplexHalf);
     if (self.device() == dst.device() && !complex32) {
       copy_on_device(self, dst);
-      if (self.is_conj() && dst.is_complex()) dst.conj_physical_();
-      if (self.is_neg()) dst.neg_();
+      auto raw = stored(dst);
+      if (self.is_conj() != dst.is_conj() && dst.is_complex()) raw.conj_physical_();
+      if (self.is_neg() != dst.is_neg()) raw.neg_();
       return dst;
     }
     if (complex32) check(tt_fallback("aten::_copy_from"));
@@ -448,8 +455,10 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool /*non_b
   }
   if (dst.is_privateuseone()) {
     // The core receives host data already in dst's dtype and shape.
-    auto src = self.resolve_conj().resolve_neg().to(dst.scalar_type()).expand(dst.sizes()).contiguous();
-    copy_on_device(src, dst);
+    auto src = self.resolve_conj().resolve_neg().to(dst.scalar_type());
+    if (dst.is_conj()) src = src.conj();
+    if (dst.is_neg()) src = at::_neg_view(src);
+    copy_on_device(src.resolve_conj().resolve_neg().expand(dst.sizes()).contiguous(), dst);
     return dst;
   }
   auto tmp = at::empty(self.sizes(), self.options().device(c10::kCPU));
