@@ -63,15 +63,19 @@ def check_sample(name, op, sample, grad):
     torch.tpu.synchronize()
 
 
-def run_entry(name, limit, modes, emit):
+def dtype_name(dtype):
+    return str(dtype).removeprefix("torch.")
+
+
+def run_entry(name, limit, modes, dtypes, emit):
     import torch
     import torchtpu
     from conformance.compare import DTYPES, describe, opinfo, samples
 
     op = opinfo(name)
-    for dtype in [d for d in DTYPES if d in op.supported_dtypes("cpu")]:
+    for dtype in [d for d in DTYPES if d in op.supported_dtypes("cpu") and dtype_name(d) in dtypes]:
         grad = op.supports_autograd and dtype in op.supported_backward_dtypes("cpu")
-        key = dict(entry=name, dtype=str(dtype).removeprefix("torch."))
+        key = dict(entry=name, dtype=dtype_name(dtype))
         emit(start=dict(key, mode=None, sample="generating samples"))
         try:
             found = samples(name, dtype, limit, requires_grad=grad)
@@ -100,7 +104,7 @@ def run_entry(name, limit, modes, emit):
                     emit(sample=dict(result, fallbacks=sorted(torchtpu.metrics()["fallbacks"])))
 
 
-def worker(limit, modes):
+def worker(limit, modes, dtypes):
     """Runs the entries named on stdin; reports on the original stdout, one
     JSON object a line (stray prints go to stderr)."""
     report = os.fdopen(os.dup(1), "w", buffering=1)
@@ -112,7 +116,7 @@ def worker(limit, modes):
     for line in sys.stdin:
         name = line.strip()
         try:
-            run_entry(name, limit, modes, emit)
+            run_entry(name, limit, modes, dtypes, emit)
         except Exception:
             emit(sample=dict(entry=name, mode=None, dtype=None, status="fail",
                              message=traceback.format_exc()[-600:], fallbacks=[]))
@@ -182,12 +186,15 @@ class Worker:
         self.stderr.close()
 
 
-def run(names, limit=None, modes=MODES, jobs=None, timeout=120.0, progress=None):
-    """Runs the sweep over `names` in `jobs` workers; returns Results.units.
+def run(names, limit=None, modes=MODES, dtypes=None, jobs=None, timeout=120.0, progress=None):
+    """Runs the sweep over `names` in `jobs` workers (every dtype of
+    compare.DTYPES, or the `dtypes` named); returns Results.units.
     `timeout` bounds each sample (and a worker's start-up, twice over)."""
+    from conformance.compare import DTYPES
     # A worker holds torch, op_db and XLA: about 1.5 GB.
     jobs = max(1, min(jobs or min(os.cpu_count() or 1, 8), len(names)))
-    argv = [sys.executable, "-m", "conformance", "--worker", "--modes", ",".join(modes)]
+    dtypes = dtypes or [dtype_name(d) for d in DTYPES]
+    argv = [sys.executable, "-m", "conformance", "--worker", "--modes", ",".join(modes), "--dtypes", ",".join(dtypes)]
     argv += ["--limit", str(limit)] if limit is not None else []
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [TESTS_DIR, os.environ.get("PYTHONPATH")])))
     # The workers share one compilation cache.
@@ -260,6 +267,7 @@ def main(argv=None):
     p = argparse.ArgumentParser(prog="python -m conformance", description=__doc__.split("\n\n")[0])
     p.add_argument("--limit", type=int, help="samples per entry and dtype (a fixed, seeded subset); default all")
     p.add_argument("--modes", default=",".join(MODES))
+    p.add_argument("--dtypes", help="comma-separated dtypes; default all of compare.DTYPES")
     p.add_argument("--ops", help="comma-separated op_db entries; default all but the excluded ones")
     p.add_argument("--jobs", type=int, help="worker processes; default the number of CPUs, at most 8")
     p.add_argument("--timeout", type=float, default=120.0, help="seconds a sample may run")
@@ -267,8 +275,9 @@ def main(argv=None):
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     modes = args.modes.split(",")
+    dtypes = args.dtypes.split(",") if args.dtypes else None
     if args.worker:
-        return worker(args.limit, modes)
+        return worker(args.limit, modes, dtypes)
 
     from torchtpu.coverage import pass_rates
 
@@ -281,12 +290,12 @@ def main(argv=None):
     def progress(done, total, name):
         print(f"[{done}/{total} {time.monotonic() - began:.0f}s] {name}", file=sys.stderr, flush=True)
 
-    units = run(names, args.limit, modes, args.jobs, args.timeout, progress)
+    units = run(names, args.limit, modes, dtypes, args.jobs, args.timeout, progress)
     import torch
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(dict(torch=torch.__version__, limit=args.limit, modes=modes, seconds=time.monotonic() - began,
-                       dtypes=[str(d).removeprefix("torch.") for d in DTYPES], results=units), f, indent=1,
+                       dtypes=dtypes or [dtype_name(d) for d in DTYPES], results=units), f, indent=1,
                   sort_keys=True)
     print(f"{len(names)} entries in {time.monotonic() - began:.0f} s; results in {args.out}")
     print("pass rate (entries passing every sample / entries with samples):")
