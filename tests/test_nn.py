@@ -403,6 +403,114 @@ def test_mlp_cross_entropy(mode):
         assert_same(q.grad, p.grad)
 
 
+# OpInfo's multi_head_attention_forward samples all use dropout in training,
+# so the sweep compares none of them: nn.MultiheadAttention is compared here.
+MHA_CASES = {  # batch_first, need_weights, key padding mask, attention mask, kdim/vdim
+    "self": (False, True, False, None, None),
+    "batch_first_padded": (True, False, True, None, None),
+    "causal_bool_mask": (True, True, False, "bool", None),
+    "float_mask_unaveraged": (False, "per_head", False, "float", None),
+    "cross_kdim_vdim": (True, True, False, None, (6, 5)),
+}
+
+
+@pytest.mark.parametrize("case", MHA_CASES)
+def test_multihead_attention(case, mode):
+    batch_first, need_weights, padded, mask, kv_dims = MHA_CASES[case]
+    L, S, N, E = 4, 5, 3, 8
+    kdim, vdim = kv_dims or (E, E)
+    module = torch.nn.MultiheadAttention(E, 2, batch_first=batch_first, kdim=kdim, vdim=vdim, bias=True)
+    on_tpu = copy.deepcopy(module).to("tpu")
+    shape = (lambda n, d: (N, n, d)) if batch_first else (lambda n, d: (n, N, d))
+    q = torch.randn(shape(L, E))
+    k, v = (torch.randn(shape(S, kdim)), torch.randn(shape(S, vdim))) if kv_dims else (q, q)
+    kwargs = {"need_weights": bool(need_weights), "average_attn_weights": need_weights != "per_head"}
+    if padded:
+        kwargs["key_padding_mask"] = torch.tensor([[False] * 4 + [True]] * N)[:, : k.shape[1 if batch_first else 0]]
+    if mask == "bool":
+        kwargs["attn_mask"] = torch.ones(L, L, dtype=torch.bool).triu(1)
+    elif mask == "float":
+        kwargs["attn_mask"] = torch.randn(L, L)
+
+    def run(m, device):
+        inputs = [t.detach().to(device).requires_grad_() for t in ((q,) if k is q else (q, k, v))]
+        query, key, value = inputs if len(inputs) == 3 else inputs * 3
+        out, weights = m(query, key, value, **{n: to_tpu(t) if device == "tpu" else t for n, t in kwargs.items()})
+        out.sum().backward()
+        return [out, weights] + [t.grad for t in inputs] + [p.grad for p in m.parameters()]
+
+    for got, expected in zip(run(on_tpu, "tpu"), run(module, "cpu")):
+        if expected is None:
+            assert got is None
+        else:
+            assert_same(got, expected.detach(), atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("masks", ["none", "padding", "causal", "both"])
+def test_multihead_attention_inference_fast_path(masks, mode):
+    """In eval mode without grad, batch_first self-attention takes PyTorch's
+    fused path (_native_multi_head_attention, _masked_softmax)."""
+    module = torch.nn.MultiheadAttention(8, 2, batch_first=True).eval()
+    on_tpu = copy.deepcopy(module).to("tpu")
+    x = torch.randn(3, 4, 8)
+    kwargs = {}
+    if masks in ("padding", "both"):
+        kwargs["key_padding_mask"] = torch.tensor([[False, False, False, True]] * 3)
+    if masks in ("causal", "both"):
+        kwargs["attn_mask"] = torch.ones(4, 4, dtype=torch.bool).triu(1)
+    with torch.inference_mode():
+        expected = module(x, x, x, **kwargs)
+        got = on_tpu(*[x.to("tpu")] * 3, **{n: m.to("tpu") for n, m in kwargs.items()})
+    for a, b in zip(got, expected):
+        assert_same(a, b, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+@pytest.mark.parametrize("activation", ["relu", "gelu"])
+def test_transformer_encoder_inference_fast_path(norm_first, activation, mode):
+    """nn.TransformerEncoder in eval mode without grad runs PyTorch's
+    _transformer_encoder_layer_fwd (its feed-forward: _addmm_activation)."""
+    layer = torch.nn.TransformerEncoderLayer(16, 4, 32, dropout=0.0, activation=activation, batch_first=True,
+                                             norm_first=norm_first)
+    encoder = torch.nn.TransformerEncoder(layer, 2, enable_nested_tensor=False).eval()
+    on_tpu = copy.deepcopy(encoder).to("tpu")
+    x = torch.randn(2, 5, 16)
+    padding = torch.tensor([[False] * 5, [False] * 3 + [True] * 2])
+    with torch.inference_mode():
+        expected = encoder(x, src_key_padding_mask=padding)
+        got = on_tpu(x.to("tpu"), src_key_padding_mask=padding.to("tpu"))
+    assert_same(got, expected, atol=1e-5, rtol=1e-4)
+
+
+MASKED_SOFTMAX = {  # input shape, mask shape, mask_type, dim
+    "padding": ((2, 3, 4, 4), (2, 4), 1, 3),
+    "attention": ((2, 3, 4, 4), (4, 4), 0, 3),
+    "attention_other_dim": ((2, 3, 4, 4), (4, 4), 0, 2),
+    "general": ((2, 3, 5), (2, 3, 5), 2, 1),
+    "scalar": ((), (), None, None),
+}
+
+
+@pytest.mark.parametrize("case", MASKED_SOFTMAX)
+def test_masked_softmax(case, mode):
+    shape, mask_shape, mask_type, dim = MASKED_SOFTMAX[case]
+    mask = torch.rand(mask_shape) > 0.6
+    if mask.dim():
+        mask.view(-1, mask.shape[-1])[0] = True  # a row left out entirely is NaN, as on CPU
+    # CPU's backward takes only a mask of the input's shape.
+    compare(lambda x: torch._masked_softmax(x, mask.to(x.device), dim, mask_type),
+            torch.randn(shape), grad=shape == mask_shape)
+
+
+def test_masked_softmax_errors():
+    x = torch.randn(2, 3, 4, 4)
+    compare_error(lambda x, m: torch._masked_softmax(x, m, 3, 1), x, torch.zeros(2, 4))
+    compare_error(lambda x, m: torch._masked_softmax(x, m, 3, 1), x, torch.zeros(3, 4, dtype=torch.bool))
+    compare_error(lambda x, m: torch._masked_softmax(x, m, 3, 0), x, torch.zeros(4, 3, dtype=torch.bool))
+    compare_error(lambda x, m: torch._masked_softmax(x, m, 3, 2), x, torch.zeros(2, 4, dtype=torch.bool))
+    compare_error(lambda x, m: torch._masked_softmax(x, m, 3, 2), x.long(), torch.zeros_like(x, dtype=torch.bool))
+
+
 # F.fold (col2im) has no OpInfo; F.unfold's entry in test_ops covers im2col
 # and, through its gradient, col2im on float32.
 FOLDS = {  # image size, kernel_size, dilation, padding, stride

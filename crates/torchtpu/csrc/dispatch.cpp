@@ -9,6 +9,7 @@
 #include <ATen/native/CPUFallback.h>
 #include <ATen/native/Resize.h>
 #include <ATen/ops/_reshape_alias_native.h>
+#include <ATen/ops/_transformer_encoder_layer_fwd_native.h>
 #include <ATen/ops/as_strided_cpu_dispatch.h>
 #include <ATen/ops/set_native.h>
 #include <ATen/ops/unfold_native.h>
@@ -519,6 +520,13 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
                            "native_group_norm", "mode", "mode.values", "conj_physical_", "silu_backward"}) {
     m.impl(name, torch::CppFunction::makeFromBoxedFunction<&torchtpu::fallback>());
   }
+}
+
+// nn.TransformerEncoderLayer's fast path in eval mode: PyTorch's kernel is
+// composed of ATen ops (layer_norm, _native_multi_head_attention, linear) but
+// registered for CPU and CUDA only.
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("_transformer_encoder_layer_fwd", TORCH_FN(at::native::transformer_encoder_layer_forward));
 }
 
 // Conjugate/negative views are resolved inside _copy_from; without these the

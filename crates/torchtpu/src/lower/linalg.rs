@@ -1,7 +1,7 @@
 //! Matrix products. Everything reaches `dot_general`; float16/bfloat16
 //! multiply in float32 and round once, as PyTorch's CPU BLAS paths do.
 //! Checks and messages follow each op's CPU meta function and kernel.
-use super::elementwise::{cpp_name, no_bool, not_implemented};
+use super::elementwise::{cpp_name, full_like, no_bool, not_implemented, round_to};
 use super::factor::check_info;
 use super::shape::{expand_check, keep_triangle};
 use super::{op, Cx, Entry};
@@ -15,6 +15,7 @@ pub static ENTRIES: &[Entry] = &[
     op("mm", mm),
     op("bmm", bmm),
     op("addmm", addmm),
+    op("_addmm_activation", addmm_activation),
     op("baddbmm", baddbmm),
     op("addmv", addmv),
     op("dot", dot),
@@ -123,6 +124,27 @@ fn mm(cx: &mut Cx) -> Result<Vec<V>> {
 }
 
 fn addmm(cx: &mut Cx) -> Result<Vec<V>> {
+    let (r, dtype) = addmm_value(cx)?;
+    finish(cx, r, dtype)
+}
+
+/// addmm, then ReLU or GELU (`use_gelu`): nn.Linear with its activation in
+/// PyTorch's transformer fast path.
+fn addmm_activation(cx: &mut Cx) -> Result<Vec<V>> {
+    let (r, dtype) = addmm_value(cx)?;
+    // CPU applies the activation in place to the rounded result.
+    let r = round_to(cx, r, dtype);
+    let r = if cx.bool("use_gelu")? {
+        super::nn::gelu_exact(cx, r)
+    } else {
+        let zero = full_like(cx, 0.0, r);
+        cx.g.binary("stablehlo.maximum", r, zero)
+    };
+    finish(cx, r, dtype)
+}
+
+/// `beta self + alpha mat1 mat2` in the compute type, and the result dtype.
+fn addmm_value(cx: &mut Cx) -> Result<(V, DType)> {
     let (t, m1, m2) = (cx.meta("self")?, cx.meta("mat1")?, cx.meta("mat2")?);
     check_matrices(&m1, &m2, "addmm")?;
     for (name, x) in [("self", &t), ("mat1", &m1)] {
@@ -134,8 +156,7 @@ fn addmm(cx: &mut Cx) -> Result<Vec<V>> {
         );
     }
     let p = product(cx, "mat1", "mat2", "addmm_impl_cpu_")?;
-    let r = add_scaled(cx, p)?;
-    finish(cx, r, m1.dtype)
+    Ok((add_scaled(cx, p)?, m1.dtype))
 }
 
 fn bmm(cx: &mut Cx) -> Result<Vec<V>> {

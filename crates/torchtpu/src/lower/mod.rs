@@ -22,6 +22,7 @@ use crate::ir::{Graph, Ty, V};
 use crate::storage::Storage;
 use crate::view;
 
+mod attention;
 mod bag;
 mod conv;
 mod distance;
@@ -90,6 +91,7 @@ pub const UNDEFINED: V = V::MAX;
 
 fn table() -> impl Iterator<Item = &'static Entry> {
     [
+        attention::ENTRIES,
         bag::ENTRIES,
         conv::ENTRIES,
         distance::ENTRIES,

@@ -160,10 +160,15 @@ fn gelu(cx: &mut Cx) -> Result<Vec<V>> {
         let hx = mul(cx, half, x);
         mul(cx, hx, s)
     } else {
-        let cdf = normal_cdf(cx, x);
-        mul(cx, x, cdf)
+        gelu_exact(cx, x)
     };
     finish(cx, r, dtype)
+}
+
+/// `x Φ(x)`, GELU without approximation.
+pub(super) fn gelu_exact(cx: &mut Cx, x: V) -> V {
+    let cdf = normal_cdf(cx, x);
+    mul(cx, x, cdf)
 }
 
 fn gelu_backward(cx: &mut Cx) -> Result<Vec<V>> {
@@ -367,6 +372,16 @@ fn softmax_dims(cx: &Cx, rank: usize) -> Result<Vec<usize>> {
     Ok(if rank == 0 { vec![] } else { vec![dim] })
 }
 
+/// `x - max`, its exponential, and their sum over `dims` (broadcast back):
+/// softmax is `e / sum`, log_softmax `shifted - log(sum)`, numerically stable.
+pub(super) fn exp_shifted(cx: &mut Cx, x: V, dims: &[usize]) -> (V, V, V) {
+    let max = reduce_back(cx, ReduceKind::Max, x, dims);
+    let shifted = sub(cx, x, max);
+    let e = cx.g.unary("stablehlo.exponential", shifted);
+    let sum = reduce_back(cx, ReduceKind::Sum, e, dims);
+    (shifted, e, sum)
+}
+
 /// Numerically stable: `exp(x - max) / sum` and `x - max - log(sum)`.
 /// `half_to_float` makes a float16/bfloat16 input give a float32 result.
 fn softmax(cx: &mut Cx, log: bool) -> Result<Vec<V>> {
@@ -383,10 +398,7 @@ fn softmax(cx: &mut Cx, log: bool) -> Result<Vec<V>> {
     let dtype = if cx.bool("half_to_float")? { ct } else { t.dtype };
     let x = cx.tensor("self")?;
     let x = cx.g.convert(x, ct);
-    let max = reduce_back(cx, ReduceKind::Max, x, &dims);
-    let shifted = sub(cx, x, max);
-    let e = cx.g.unary("stablehlo.exponential", shifted);
-    let sum = reduce_back(cx, ReduceKind::Sum, e, &dims);
+    let (shifted, e, sum) = exp_shifted(cx, x, &dims);
     let r = if log {
         let l = cx.g.unary("stablehlo.log", sum);
         sub(cx, shifted, l)
