@@ -482,6 +482,52 @@ def test_transformer_encoder_inference_fast_path(norm_first, activation, mode):
     assert_same(got, expected, atol=1e-5, rtol=1e-4)
 
 
+RNNS = {  # module, extra input (initial state) or None
+    "lstm": lambda: torch.nn.LSTM(6, 8, num_layers=2, batch_first=True),
+    "lstm_bidirectional_no_bias": lambda: torch.nn.LSTM(6, 8, bidirectional=True, bias=False),
+    "lstm_proj": lambda: torch.nn.LSTM(6, 8, proj_size=4, batch_first=True),
+    "gru": lambda: torch.nn.GRU(6, 8, num_layers=2, batch_first=True),
+    "gru_bidirectional_no_bias": lambda: torch.nn.GRU(6, 8, bidirectional=True, bias=False),
+    "lstm_cell": lambda: torch.nn.LSTMCell(6, 8),
+    "gru_cell": lambda: torch.nn.GRUCell(6, 8),
+}
+
+
+@pytest.mark.parametrize("name", RNNS)
+def test_recurrent_layers(name, mode):
+    """nn.LSTM/GRU and their cells run PyTorch's fused cells on tpu
+    (_thnn_fused_lstm_cell, _thnn_fused_gru_cell), which CPU lacks."""
+    module = RNNS[name]()
+    on_tpu = copy.deepcopy(module).to("tpu")
+    x = torch.randn(3, 5, 6) if "cell" not in name else torch.randn(3, 6)
+
+    def run(m, device):
+        inp = x.to(device).requires_grad_()
+        out = m(inp)
+        outs = [out] if isinstance(out, torch.Tensor) else [out[0], *(out[1] if isinstance(out[1], tuple) else (out[1],))]
+        sum(o.sin().sum() for o in outs).backward()
+        return outs + [inp.grad] + [p.grad for p in m.parameters()]
+
+    for got, expected in zip(run(on_tpu, "tpu"), run(module, "cpu")):
+        assert_same(got, expected.detach(), atol=1e-5, rtol=1e-4)
+
+
+def test_lstm_packed_sequence(mode):
+    module = torch.nn.LSTM(4, 5, batch_first=True)
+    on_tpu = copy.deepcopy(module).to("tpu")
+    x, lengths = torch.randn(3, 6, 4), torch.tensor([6, 4, 2])
+
+    def run(m, device):
+        packed = torch.nn.utils.rnn.pack_padded_sequence(x.to(device), lengths, batch_first=True)
+        out, (h, c) = m(packed)
+        padded, _ = torch.nn.utils.rnn.pad_packed_sequence(out, batch_first=True)
+        padded.sum().backward()
+        return [padded, h, c] + [p.grad for p in m.parameters()]
+
+    for got, expected in zip(run(on_tpu, "tpu"), run(module, "cpu")):
+        assert_same(got, expected.detach(), atol=1e-5, rtol=1e-4)
+
+
 MASKED_SOFTMAX = {  # input shape, mask shape, mask_type, dim
     "padding": ((2, 3, 4, 4), (2, 4), 1, 3),
     "attention": ((2, 3, 4, 4), (4, 4), 0, 3),

@@ -42,6 +42,7 @@ mod pool;
 mod random;
 mod reduce;
 mod resize;
+mod rnn;
 mod shape;
 mod sort;
 
@@ -111,6 +112,7 @@ fn table() -> impl Iterator<Item = &'static Entry> {
         random::ENTRIES,
         reduce::ENTRIES,
         resize::ENTRIES,
+        rnn::ENTRIES,
         shape::ENTRIES,
         sort::ENTRIES,
         COPY_ENTRIES,
