@@ -3,7 +3,7 @@
 //! PrivateUse1 devices too) and `_masked_softmax` with its backward, with
 //! CPU's formulas in the opmath type. `scaled_dot_product_attention` is
 //! PyTorch's math composite and needs nothing here.
-use super::elementwise::{finish, not_implemented};
+use super::elementwise::{finish, float_only};
 use super::nn::{add, div, exp_shifted, mul, reduce_back, sub};
 use super::{op, wrap_dim, Cx, Entry, UNDEFINED};
 use crate::args::Tensor;
@@ -74,18 +74,11 @@ fn softmax_dims(cx: &Cx, rank: usize) -> Result<Vec<usize>> {
     Ok(if rank == 0 { vec![] } else { vec![dim] })
 }
 
-fn float_kernel(t: &Tensor, kernel: &str) -> Result<()> {
-    if !t.dtype.is_float() {
-        return Err(not_implemented(kernel, t.dtype));
-    }
-    Ok(())
-}
-
 fn masked_softmax(cx: &mut Cx) -> Result<Vec<V>> {
     let (t, m) = (cx.meta("self")?, cx.meta("mask")?);
     ensure!(m.dtype == DType::Bool, "Mask should be a boolean tensor");
     let mask = softmax_mask(cx, &t, &m, cx.opt_int("mask_type")?)?;
-    float_kernel(&t, "masked_softmax")?;
+    float_only(t.dtype, "masked_softmax")?;
     let dims = softmax_dims(cx, t.sizes.len())?;
     let x = cx.tensor("self")?;
     let x = cx.g.convert(x, opmath(t.dtype));
@@ -98,7 +91,7 @@ fn masked_softmax_backward(cx: &mut Cx) -> Result<Vec<V>> {
     let (gt, m) = (cx.meta("grad_output")?, cx.meta("mask")?);
     ensure!(gt.sizes == m.sizes, "Mask shape should match grad shape");
     ensure!(m.dtype == DType::Bool, "Mask should be a boolean tensor");
-    float_kernel(&gt, "masked_softmax_backward")?;
+    float_only(gt.dtype, "masked_softmax_backward")?;
     let dims = softmax_dims(cx, gt.sizes.len())?;
     let ct = opmath(gt.dtype);
     let g = cx.tensor("grad_output")?;
@@ -145,7 +138,7 @@ fn multi_head_attention(cx: &mut Cx) -> Result<Vec<V>> {
     if q.numel() == 0 {
         return Ok(vec![cx.g.full(0.0, q.dtype, q.sizes), UNDEFINED]);
     }
-    float_kernel(&q, "transform_bias_rescale_qkv")?;
+    float_only(q.dtype, "transform_bias_rescale_qkv")?;
     let (b, t, dh) = (q.sizes[0], q.sizes[1], d / heads);
     let ct = opmath(q.dtype);
     let mut read = |name: &str| -> Result<V> {

@@ -124,6 +124,14 @@ pub(super) fn not_implemented(kernel: &str, dtype: DType) -> Error {
     Error::not_implemented(format!("\"{kernel}\" not implemented for '{}'", dtype.torch_name()))
 }
 
+/// `not_implemented` unless `dtype` is a floating-point type, as `kernel` requires.
+pub(super) fn float_only(dtype: DType, kernel: &str) -> Result<()> {
+    if !dtype.is_float() {
+        return Err(not_implemented(kernel, dtype));
+    }
+    Ok(())
+}
+
 /// `not_implemented` for bool, which `kernel` lacks.
 pub(super) fn no_bool(dtype: DType, kernel: &str) -> Result<()> {
     if dtype == DType::Bool {

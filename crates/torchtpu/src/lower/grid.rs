@@ -5,7 +5,7 @@
 //! each point. A tap outside the input reads zero, which a NaN weight still
 //! turns into NaN, as on CPU. Taps are gathers from the input's [N·H·W, C]
 //! rows; the input gradient scatter-adds to the same rows.
-use super::elementwise::{full_like, not_implemented};
+use super::elementwise::{float_only, full_like};
 use super::nn::{add, mul};
 use super::{op, Cx, Entry, UNDEFINED};
 use crate::dtype::{opmath, DType};
@@ -43,9 +43,7 @@ impl Sampler {
         if !(BILINEAR..=BICUBIC).contains(&mode) || !(0..=REFLECTION).contains(&padding) {
             return Err(Error::runtime(format!("torchtpu: grid_sampler_2d: mode {mode}, padding {padding}")));
         }
-        if !t.dtype.is_float() {
-            return Err(not_implemented("grid_sampler_2d_cpu_kernel_impl", t.dtype));
-        }
+        float_only(t.dtype, "grid_sampler_2d_cpu_kernel_impl")?;
         let s = t.sizes;
         Ok(Sampler {
             mode,

@@ -1,7 +1,7 @@
 //! Pointwise losses beyond nn's (binary cross entropy, log-sigmoid, smooth
 //! L1 and Huber) and their backward operators, with CPU's formulas in the
 //! opmath type. Reductions and the gradient's mean factor are nn's.
-use super::elementwise::{finish, full_like, promoted};
+use super::elementwise::{finish, float_only, full_like, promoted};
 use super::nn::{add, div, loss_norm, mul, reduce_loss, sub};
 use super::{op, op_consts, Cx, Entry};
 use crate::error::{Error, Kind, Result};
@@ -85,9 +85,7 @@ fn binary_cross_entropy_backward(cx: &mut Cx) -> Result<Vec<V>> {
 fn log_sigmoid_forward(cx: &mut Cx) -> Result<Vec<V>> {
     let (v, dtype) = promoted(cx, &["self"])?;
     let x = v[0];
-    if !dtype.is_float() {
-        return Err(super::elementwise::not_implemented("log_sigmoid_cpu", dtype));
-    }
+    float_only(dtype, "log_sigmoid_cpu")?;
     let zero = full_like(cx, 0.0, x);
     let min = cx.g.binary("stablehlo.minimum", x, zero);
     let a = cx.g.unary("stablehlo.abs", x);

@@ -5,7 +5,7 @@
 //! (float16/bfloat16 in float32, rounded once). Scalar arguments (slopes,
 //! `alpha`, `beta`, `p`, ...) are runtime operands.
 use super::distance::Norm;
-use super::elementwise::{finish, full_like, not_implemented, promoted, round_to};
+use super::elementwise::{finish, float_only, full_like, not_implemented, promoted, round_to};
 use super::index::checked_indices;
 use super::random::uniform01;
 use super::{op, op_consts, wrap_dim, Cx, Entry};
@@ -80,9 +80,7 @@ fn where_positive(cx: &mut Cx, x: V, pos: V, neg: V) -> V {
 /// only (`kernel` names the CPU kernel in the error): (value, result dtype).
 fn float_self(cx: &mut Cx, kernel: &str) -> Result<(V, DType)> {
     let dtype = cx.meta("self")?.dtype;
-    if !dtype.is_float() {
-        return Err(not_implemented(kernel, dtype));
-    }
+    float_only(dtype, kernel)?;
     let x = cx.tensor("self")?;
     Ok((cx.g.convert(x, opmath(dtype)), dtype))
 }
@@ -692,9 +690,7 @@ fn nll_loss_backward(cx: &mut Cx, spatial: bool) -> Result<Vec<V>> {
 /// `(self - target)^2`, reduced.
 fn mse_loss(cx: &mut Cx) -> Result<Vec<V>> {
     let (v, dtype) = promoted(cx, &["self", "target"])?;
-    if !dtype.is_float() {
-        return Err(not_implemented("mse_cpu", dtype));
-    }
+    float_only(dtype, "mse_cpu")?;
     let d = sub(cx, v[0], v[1]);
     let sq = mul(cx, d, d);
     let r = reduce_loss(cx, sq)?;

@@ -3,7 +3,7 @@
 //! back), and their backward operators: the CUDA kernels' formulas in the
 //! opmath type. The workspace a cell returns for its backward holds the
 //! activated gates (LSTM: i, f, g, o; GRU: r, z, n, hx, and hn with its bias).
-use super::elementwise::{full_like, not_implemented};
+use super::elementwise::{float_only, full_like};
 use super::nn::{add, mul, sub};
 use super::{op, Cx, Entry, UNDEFINED};
 use crate::dtype::{opmath, DType};
@@ -76,9 +76,7 @@ fn check_cell(cx: &Cx, kernel: &str, factor: i64, prev: &str) -> Result<DType> {
         "{kernel}: argument #5 'prev_hidden' must be 2-dimensional with {} elements",
         ig.numel() / factor
     );
-    if !ig.dtype.is_float() {
-        return Err(not_implemented(kernel, ig.dtype));
-    }
+    float_only(ig.dtype, kernel)?;
     Ok(ig.dtype)
 }
 
