@@ -16,7 +16,7 @@ from torch.utils._pytree import tree_leaves, tree_map
 from conftest import synced, to_cpu
 from conformance import compare
 from conformance.compare import (DTYPES, assert_close, call, copy_sample, expect_same_error, for_each_sample, grads,
-                                 opinfo)
+                                 opinfo, to_float64)
 
 # OpInfo entries ("name" or "name.variant") whose computation is lowered.
 OPS = [
@@ -187,7 +187,7 @@ def test_out(request, name, dtype, mode):
         out = tree_map(lambda t: torch.empty_like(t, device="tpu"), expected)
         result = run_on_tpu(name, "out", op, copy_sample(s, "tpu"), out=out)
         assert all(r is o for r, o in zip(tree_leaves(result), tree_leaves(out)))
-        assert_close(name, out, expected)
+        assert_close(name, out, expected, lambda: call(op, to_float64(copy_sample(s, "cpu"))))
 
     for_each_sample(name, samples(name, dtype, mode), check)
 
@@ -205,7 +205,13 @@ def test_inplace(request, name, dtype, mode):
         found = expect_same(name, "inplace", op.inplace_variant, s)
         if found is not None:
             (cpu_sample, tpu_sample), _ = found
-            assert_close(name, tpu_sample.input, cpu_sample.input)
+
+            def reference():  # the float64 run's input, written in place
+                exact = to_float64(copy_sample(s, "cpu"))
+                call(op.inplace_variant, exact)
+                return exact.input
+
+            assert_close(name, tpu_sample.input, cpu_sample.input, reference)
 
     for_each_sample(name, samples(name, dtype, mode), check)
 

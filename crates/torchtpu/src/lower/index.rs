@@ -375,6 +375,10 @@ struct Reduction {
 /// integers, as CPU).
 fn reduce_into(cx: &mut Cx, x: V, pos: V, updates: V, axis: usize, how: Reduction) -> V {
     let Reduction { kind, include_self, mean } = how;
+    let dtype = cx.g.ty(x).dtype;
+    // A mean of float16/bfloat16 values divides their float32 sum and rounds once.
+    let (x, updates) =
+        if mean { (cx.g.convert(x, opmath(dtype)), cx.g.convert(updates, opmath(dtype))) } else { (x, updates) };
     let (xt, ut) = (cx.g.ty(x).clone(), cx.g.ty(updates).clone());
     let base = if include_self {
         x
@@ -405,7 +409,7 @@ fn reduce_into(cx: &mut Cx, x: V, pos: V, updates: V, axis: usize, how: Reductio
         let less = cx.g.binary("stablehlo.subtract", q, one);
         q = cx.g.select(fix, less, q);
     }
-    cx.g.convert(q, xt.dtype)
+    cx.g.convert(q, dtype)
 }
 
 /// The checked flat positions a scatter writes and its flat updates (src
