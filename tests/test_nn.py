@@ -94,6 +94,8 @@ ACTIVATIONS = {
         lambda x, out: torch.ops.aten.hardtanh.out(x, -0.5, 0.7, out=out),
     ),
     "relu6": (F.relu6, lambda x: F.relu6(x, inplace=True), None),
+    "hardsigmoid": (F.hardsigmoid, lambda x: F.hardsigmoid(x, inplace=True), torch.ops.aten.hardsigmoid.out),
+    "hardswish": (F.hardswish, lambda x: F.hardswish(x, inplace=True), torch.ops.aten.hardswish.out),
     "softplus": (
         lambda x: F.softplus(x, beta=2.0, threshold=1.5),
         None,
@@ -136,7 +138,8 @@ def test_activation_scalars_are_runtime_operands(mode):
     assert torchtpu.metrics()["plan_cache_misses"] == before
 
 
-@pytest.mark.parametrize("name", ["gelu", "silu", "elu", "leaky_relu", "softplus", "hardtanh"])
+@pytest.mark.parametrize("name", ["gelu", "silu", "elu", "leaky_relu", "softplus", "hardtanh", "hardsigmoid",
+                                  "hardswish"])
 def test_activation_bad_dtype(name):
     # hardtanh takes integers but not bool; the others floating types only.
     x = torch.tensor([True]) if name == "hardtanh" else torch.arange(3)

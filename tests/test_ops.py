@@ -36,7 +36,7 @@ OPS = [
     "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh",
     # reductions
     "sum", "prod", "mean", "linalg.vector_norm", "amax", "amin", "max.reduction_no_dim", "max.reduction_with_dim",
-    "min.reduction_no_dim", "min.reduction_with_dim", "argmax", "argmin", "all", "any",
+    "min.reduction_no_dim", "min.reduction_with_dim", "argmax", "argmin", "all", "any", "histc",
     "var", "var.unbiased", "std", "std.unbiased", "cumsum", "cumprod",
     # matrix products
     "mm", "bmm", "addmm", "addmm.decomposed", "baddbmm", "matmul", "mv", "dot", "addmv",

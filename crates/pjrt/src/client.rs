@@ -152,6 +152,58 @@ impl Client {
         }
         Ok(buffer)
     }
+
+    /// What the device's allocator reports; fields a plugin does not track are `None`
+    /// (the CPU plugin implements none of this: UNIMPLEMENTED).
+    pub fn memory_stats(&self, device: Device<'_>) -> Result<MemoryStats> {
+        self.inner.check_device(device)?;
+        let mut args = sys::PJRT_Device_MemoryStats_Args::zeroed();
+        args.device = device.raw();
+        // SAFETY: the device belongs to this live client.
+        unsafe { call!(self.inner.api, PJRT_Device_MemoryStats, &mut args) }?;
+        let set = |value: i64, is_set: bool| is_set.then_some(value);
+        Ok(MemoryStats {
+            bytes_in_use: args.bytes_in_use,
+            peak_bytes_in_use: set(args.peak_bytes_in_use, args.peak_bytes_in_use_is_set),
+            bytes_limit: set(args.bytes_limit, args.bytes_limit_is_set),
+            bytes_reserved: set(args.bytes_reserved, args.bytes_reserved_is_set),
+            peak_bytes_reserved: set(args.peak_bytes_reserved, args.peak_bytes_reserved_is_set),
+        })
+    }
+
+    /// Registers host memory for direct transfers (page-locked on GPUs) until
+    /// [`dma_unmap`](Self::dma_unmap).
+    ///
+    /// # Safety
+    /// `data..data+size` is memory of the caller's that stays allocated until unmapped.
+    pub unsafe fn dma_map(&self, data: *mut std::ffi::c_void, size: usize) -> Result<()> {
+        let mut args = sys::PJRT_Client_DmaMap_Args::zeroed();
+        args.client = self.inner.raw.as_ptr();
+        args.data = data;
+        args.size = size;
+        // SAFETY: the caller's contract.
+        unsafe { call!(self.inner.api, PJRT_Client_DmaMap, &mut args) }
+    }
+
+    /// # Safety
+    /// `data` was mapped by [`dma_map`](Self::dma_map) and no transfer uses it any more.
+    pub unsafe fn dma_unmap(&self, data: *mut std::ffi::c_void) -> Result<()> {
+        let mut args = sys::PJRT_Client_DmaUnmap_Args::zeroed();
+        args.client = self.inner.raw.as_ptr();
+        args.data = data;
+        // SAFETY: the caller's contract.
+        unsafe { call!(self.inner.api, PJRT_Client_DmaUnmap, &mut args) }
+    }
+}
+
+/// A device allocator's figures, in bytes (`PJRT_Device_MemoryStats`).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct MemoryStats {
+    pub bytes_in_use: i64,
+    pub peak_bytes_in_use: Option<i64>,
+    pub bytes_limit: Option<i64>,
+    pub bytes_reserved: Option<i64>,
+    pub peak_bytes_reserved: Option<i64>,
 }
 
 impl ClientInner {

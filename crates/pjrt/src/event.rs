@@ -41,6 +41,33 @@ impl Event {
     }
 }
 
+type Callback = Box<dyn FnOnce(Result<()>) + Send>;
+
+impl Event {
+    /// Calls `f` with the event's status once it fires (at once if it has), on a
+    /// thread of the plugin's: `f` must be quick and must not block.
+    pub fn on_ready(&self, f: impl FnOnce(Result<()>) + Send + 'static) -> Result<()> {
+        unsafe extern "C" fn fire(error: *mut sys::PJRT_Error, user_arg: *mut std::ffi::c_void) {
+            // SAFETY: `user_arg` is the box leaked below, handed to exactly one call.
+            let (api, f) = unsafe { *Box::from_raw(user_arg.cast::<(&'static Api, Callback)>()) };
+            // SAFETY: the callback owns `error` and must destroy it; `check` does.
+            f(unsafe { api.check(error) });
+        }
+        let user_arg = Box::into_raw(Box::new((self.api, Box::new(f) as Callback)));
+        let mut args = sys::PJRT_Event_OnReady_Args::zeroed();
+        args.event = self.raw.as_ptr();
+        args.callback = Some(fire);
+        args.user_arg = user_arg.cast();
+        // SAFETY: the event is live; on success the plugin calls `fire` exactly once.
+        let result = unsafe { call!(self.api, PJRT_Event_OnReady, &mut args) };
+        if result.is_err() {
+            // SAFETY: not registered, so `fire` will never take it.
+            drop(unsafe { Box::from_raw(user_arg) });
+        }
+        result
+    }
+}
+
 impl Drop for Event {
     fn drop(&mut self) {
         let mut args = sys::PJRT_Event_Destroy_Args::zeroed();

@@ -57,7 +57,7 @@ mod test_plugin;
 
 pub use api::{load_plugin, Api};
 pub use buffer::Buffer;
-pub use client::Client;
+pub use client::{Client, MemoryStats};
 pub use device::Device;
 pub use element_type::ElementType;
 pub use error::{Error, Result};

@@ -481,11 +481,36 @@ at::Scalar local_scalar(const at::Tensor& self) {
   return tmp.item();
 }
 
+// `param.data = t` and nn.Module._apply swap a tensor's contents in place
+// only between "compatible" tensors; c10's rule lists the in-tree dense
+// backends, so without this CPU<->tpu moves built new Parameters and untied
+// shared ones (tied embeddings). A dense tpu tensor is compatible with any
+// dense tensor, as a CUDA one is.
+bool has_compatible_shallow_copy_type(const at::Tensor& self, const at::Tensor& from) {
+  // Dense on tpu, or on a backend c10 counts as dense (compatible with CPU).
+  static const c10::DispatchKeySet dense_cpu(c10::DispatchKey::CPU);
+  auto dense = [](const at::Tensor& t) {
+    return (t.is_privateuseone() && t.layout() == at::kStrided) ||
+           t.unsafeGetTensorImpl()->has_compatible_shallow_copy_type(dense_cpu);
+  };
+  return self.unsafeGetTensorImpl()->has_compatible_shallow_copy_type(from.key_set()) ||
+         (dense(self) && dense(from));
+}
+
+// CUDA's caching allocator must not reuse a block until the streams that use
+// it are done. Ours never reuses memory: a PJRT buffer outlives the programs
+// reading it, so recording a stream only checks that it is a tpu stream.
+void record_stream(at::Tensor& /*self*/, c10::Stream stream) {
+  TORCH_CHECK(stream.device_type() == kTpu, "record_stream expects a tpu stream, got ", stream);
+}
+
 }  // namespace
 }  // namespace torchtpu
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   using namespace torchtpu;
+  m.impl("_has_compatible_shallow_copy_type", TORCH_FN(has_compatible_shallow_copy_type));
+  m.impl("record_stream", TORCH_FN(record_stream));
   m.impl("empty.memory_format", TORCH_FN(empty));
   m.impl("empty_strided", TORCH_FN(empty_strided));
   m.impl("as_strided", TORCH_FN(as_strided));

@@ -122,6 +122,34 @@ int tt_copy(const TtTensor* src, const TtTensor* dst);
 int tt_device_count(int32_t* count);
 int tt_synchronize(int32_t device);
 
+// Memory: statistics of the bytes live device buffers hold (c10's Stat
+// layout), the device's free and total bytes, and host memory registered
+// for transfers (pin_memory).
+typedef struct TtStat {
+  int64_t current, peak, allocated, freed;
+} TtStat;
+typedef struct TtMemoryStats {
+  TtStat buffers;   // count of live device buffers
+  TtStat bytes;     // bytes they hold
+  TtStat reserved;  // bytes the device's allocator reserves
+} TtMemoryStats;
+int tt_memory_stats(int32_t device, TtMemoryStats* stats);
+void tt_memory_reset_peak(int32_t device);
+void tt_memory_reset_accumulated(int32_t device);
+int tt_memory_info(int32_t device, int64_t* free_bytes, int64_t* total_bytes);
+int tt_host_pin(void* data, size_t size);
+int tt_host_unpin(void* data);
+
+// Events: every stream maps onto the device's one in-order queue, so an event
+// marks all work issued before it (fused mode's recorded ops are issued).
+int tt_event_record(uint8_t timing, void** event);
+void tt_event_destroy(void* event);
+uint8_t tt_event_query(void* event);
+int tt_event_synchronize(void* event);
+int tt_event_elapsed_ms(void* start, void* end, double* ms);
+// Whether all work issued so far is done.
+int tt_idle(uint8_t* idle);
+
 // Implemented by the adapter: 64 random bits from the default tpu generator of
 // a device (ops that draw random numbers without a generator argument).
 uint64_t tt_adapter_default_seed(int32_t device);

@@ -305,7 +305,7 @@ pub fn upload(bytes: &[u8], ty: Ty, device: usize) -> Result<Arc<DeviceBuffer>> 
     let rt = runtime::get()?;
     let buf = rt.client.buffer_from_host(bytes, ty.dtype.element_type(), &ty.shape, rt.device(device)?)?;
     bump(&METRICS.transfers_to_device);
-    Ok(DeviceBuffer::new(buf, ty))
+    Ok(DeviceBuffer::new(buf, ty, device))
 }
 
 fn upload_scalar(bytes: &[u8], dtype: DType, device: usize) -> Result<Arc<DeviceBuffer>> {
@@ -394,6 +394,12 @@ pub fn track(buffers: &[Arc<DeviceBuffer>]) {
     pending.extend(buffers.iter().map(Arc::downgrade));
 }
 
+/// The buffers issued since the last synchronize that are still alive: what
+/// an event recorded now waits for.
+pub fn issued() -> Vec<Arc<DeviceBuffer>> {
+    PENDING.lock().unwrap().iter().filter_map(Weak::upgrade).collect()
+}
+
 /// Runs what fused mode recorded and waits for every computation issued so far.
 pub fn synchronize() -> Result<()> {
     trace::flush(Reason::Synchronize)?;
@@ -434,7 +440,7 @@ fn execute(plan: &Plan, what: &str, args: &[Arg], device: usize) -> Result<Vec<A
     let mut outs: Vec<Arc<DeviceBuffer>> = Vec::with_capacity(raw.len());
     for (i, buf) in raw.into_iter().enumerate() {
         let ty = plan.outputs.get(i).map_or(Ty::new(DType::Bool, &[]), Ty::flat);
-        outs.push(DeviceBuffer::new(buf, ty));
+        outs.push(DeviceBuffer::new(buf, ty, device));
     }
     for check in &plan.checks {
         if read_bool(&outs[check.flag])? {
@@ -644,5 +650,9 @@ pub fn resized(old: &Storage, nbytes: i64) -> Result<Arc<Storage>> {
     let rt = runtime::get()?;
     let out = program.exe.execute(&[&value.buf], rt.device(old.device)?, &[])?.remove(0);
     bump(&METRICS.executions);
-    Ok(Storage::new(old.device, nbytes, Some(Value::Ready(DeviceBuffer::new(out, Ty::new(dtype, &[want]))))))
+    Ok(Storage::new(
+        old.device,
+        nbytes,
+        Some(Value::Ready(DeviceBuffer::new(out, Ty::new(dtype, &[want]), old.device))),
+    ))
 }

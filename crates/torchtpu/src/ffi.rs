@@ -3,12 +3,13 @@
 use std::cell::RefCell;
 use std::ffi::{c_char, c_void, CStr, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::Arc;
 
 use crate::args::{self, TtArg, TtTensor};
 use crate::error::{Error, Result};
 use crate::storage::Storage;
 use crate::trace::{self, Reason};
-use crate::{exec, lower, metrics, runtime};
+use crate::{event, exec, lower, memory, metrics, runtime};
 
 #[repr(C)]
 pub struct TtSchemaArg {
@@ -228,4 +229,90 @@ pub unsafe extern "C" fn tt_device_count(count: *mut i32) -> i32 {
 #[no_mangle]
 pub unsafe extern "C" fn tt_synchronize(_device: i32) -> i32 {
     guard(exec::synchronize)
+}
+
+// ---------------------------------------------------------------- memory
+
+#[no_mangle]
+pub unsafe extern "C" fn tt_memory_stats(device: i32, stats: *mut memory::DeviceStats) -> i32 {
+    guard(|| {
+        *stats = memory::stats(device as usize)?;
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn tt_memory_reset_peak(device: i32) {
+    memory::reset_peak(device as usize)
+}
+
+#[no_mangle]
+pub extern "C" fn tt_memory_reset_accumulated(device: i32) {
+    memory::reset_accumulated(device as usize)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn tt_memory_info(device: i32, free: *mut i64, total: *mut i64) -> i32 {
+    guard(|| {
+        (*free, *total) = memory::info(device as usize)?;
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn tt_host_pin(data: *mut c_void, size: usize) -> i32 {
+    guard(|| memory::pin(data, size))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn tt_host_unpin(data: *mut c_void) -> i32 {
+    guard(|| memory::unpin(data))
+}
+
+// ---------------------------------------------------------------- events
+
+#[no_mangle]
+pub unsafe extern "C" fn tt_event_record(timing: u8, event: *mut *mut c_void) -> i32 {
+    guard(|| {
+        *event = Arc::into_raw(event::record(timing != 0)?) as *mut c_void;
+        Ok(())
+    })
+}
+
+/// # Safety
+/// `event` comes from `tt_event_record` and has not been destroyed.
+unsafe fn event_ref<'a>(event: *mut c_void) -> &'a event::Event {
+    &*(event as *const event::Event)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn tt_event_destroy(event: *mut c_void) {
+    drop(Arc::from_raw(event as *const event::Event));
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn tt_event_query(event: *mut c_void) -> u8 {
+    event_ref(event).is_done() as u8
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn tt_event_synchronize(event: *mut c_void) -> i32 {
+    guard(|| event_ref(event).synchronize())
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn tt_event_elapsed_ms(start: *mut c_void, end: *mut c_void, ms: *mut f64) -> i32 {
+    guard(|| {
+        *ms = event_ref(start).elapsed_ms(event_ref(end))?;
+        Ok(())
+    })
+}
+
+/// Whether all work issued so far is done (queries of any stream).
+#[no_mangle]
+pub unsafe extern "C" fn tt_idle(idle: *mut u8) -> i32 {
+    guard(|| {
+        *idle = event::idle()? as u8;
+        Ok(())
+    })
 }

@@ -38,6 +38,20 @@ fn init() -> PyResult<String> {
 }
 
 #[pyfunction]
+fn is_initialized() -> bool {
+    runtime::started()
+}
+
+/// (device kind, platform) of a device, as its plugin names them: the
+/// accelerator's model where the plugin knows it ("cpu" on XLA:CPU).
+#[pyfunction]
+fn device_name(index: usize) -> PyResult<(String, String)> {
+    let rt = runtime::get().map_err(py_err)?;
+    let device = rt.device(index).map_err(py_err)?;
+    Ok((device.kind().to_string(), rt.client.platform_name().to_string()))
+}
+
+#[pyfunction]
 fn synchronize() -> PyResult<()> {
     exec::synchronize().map_err(py_err)
 }
@@ -99,6 +113,8 @@ fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(configure, m)?)?;
     m.add_function(wrap_pyfunction!(device_count, m)?)?;
     m.add_function(wrap_pyfunction!(init, m)?)?;
+    m.add_function(wrap_pyfunction!(is_initialized, m)?)?;
+    m.add_function(wrap_pyfunction!(device_name, m)?)?;
     m.add_function(wrap_pyfunction!(synchronize, m)?)?;
     m.add_function(wrap_pyfunction!(flush, m)?)?;
     m.add_function(wrap_pyfunction!(set_mode, m)?)?;

@@ -48,6 +48,11 @@ fn start() -> std::result::Result<Runtime, String> {
     Ok(Runtime { client, plugin, devices: OnceLock::new() })
 }
 
+/// Whether the runtime has started (and its plugin loaded).
+pub fn started() -> bool {
+    RUNTIME.get().is_some_and(|r| r.is_ok())
+}
+
 pub fn get() -> Result<&'static Runtime> {
     RUNTIME.get_or_init(start).as_ref().map_err(|e| Error::runtime(e.clone()))
 }

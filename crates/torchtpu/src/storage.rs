@@ -11,6 +11,7 @@ use std::sync::{mpsc, Arc, Mutex, OnceLock};
 
 use crate::error::{Error, Result};
 use crate::ir::{Ty, V};
+use crate::memory;
 
 static LIVE_STORAGES: AtomicI64 = AtomicI64::new(0);
 static LIVE_BUFFERS: AtomicI64 = AtomicI64::new(0);
@@ -20,12 +21,17 @@ static NEXT_ADDR: AtomicU64 = AtomicU64::new(1 << 44);
 pub struct DeviceBuffer {
     pub buf: ManuallyDrop<pjrt::Buffer>,
     pub ty: Ty,
+    device: usize,
+    /// What it holds on the device (counted by `memory`).
+    bytes: i64,
 }
 
 impl DeviceBuffer {
-    pub fn new(buf: pjrt::Buffer, ty: Ty) -> Arc<DeviceBuffer> {
+    pub fn new(buf: pjrt::Buffer, ty: Ty, device: usize) -> Arc<DeviceBuffer> {
         LIVE_BUFFERS.fetch_add(1, Ordering::Relaxed);
-        Arc::new(DeviceBuffer { buf: ManuallyDrop::new(buf), ty })
+        let bytes = buf.on_device_size().map_or(ty.numel() * ty.dtype.size() as i64, |n| n as i64);
+        memory::allocated(device, bytes);
+        Arc::new(DeviceBuffer { buf: ManuallyDrop::new(buf), ty, device, bytes })
     }
 }
 
@@ -50,6 +56,7 @@ fn free(buf: pjrt::Buffer) {
 impl Drop for DeviceBuffer {
     fn drop(&mut self) {
         LIVE_BUFFERS.fetch_sub(1, Ordering::Relaxed);
+        memory::freed(self.device, self.bytes);
         // SAFETY: `buf` is not used after this.
         free(unsafe { ManuallyDrop::take(&mut self.buf) });
     }

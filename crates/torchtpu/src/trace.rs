@@ -48,6 +48,9 @@ pub enum Reason {
     Resize,
     /// An op whose result's shape depends on values (`nonzero`).
     DataDependent,
+    /// An event is recorded, a stream queried or memory statistics read: the
+    /// work recorded before is issued.
+    Query,
 }
 
 impl Reason {
@@ -62,6 +65,7 @@ impl Reason {
             Reason::Mode => "mode_change",
             Reason::Resize => "resize",
             Reason::DataDependent => "data_dependent",
+            Reason::Query => "device_query",
         }
     }
 
@@ -76,6 +80,7 @@ impl Reason {
             Reason::Mode,
             Reason::Resize,
             Reason::DataDependent,
+            Reason::Query,
         ]
         .into_iter()
         .find(|r| r.name() == name)
@@ -441,7 +446,7 @@ fn run(trace: Trace, live: &[Arc<Pending>]) -> Result<()> {
     let outs: Vec<Arc<DeviceBuffer>> = raw
         .into_iter()
         .zip(&lowered.graph.outputs)
-        .map(|(b, &v)| DeviceBuffer::new(b, lowered.graph.ty(v).clone()))
+        .map(|(b, &v)| DeviceBuffer::new(b, lowered.graph.ty(v).clone(), trace.device))
         .collect();
     exec::track(&outs);
     for (p, s) in live.iter().zip(&lowered.sources) {

@@ -27,6 +27,10 @@ pub static ENTRIES: &[Entry] = &[
     op("elu_backward", elu_backward),
     op("hardtanh", hardtanh),
     op("hardtanh_backward", hardtanh_backward),
+    op("hardsigmoid", hardsigmoid),
+    op("hardsigmoid_backward", hardsigmoid_backward),
+    op("hardswish", hardswish),
+    op("hardswish_backward", hardswish_backward),
     op("softplus", softplus),
     op("softplus_backward", softplus_backward),
     op("_softmax", |cx| softmax(cx, false)),
@@ -324,6 +328,63 @@ fn hardtanh_backward(cx: &mut Cx) -> Result<Vec<V>> {
     let out = cx.g.binary("stablehlo.or", below, above);
     let zero = full_like(cx, 0.0, g);
     let r = cx.g.select(out, zero, g);
+    finish(cx, r, dtype)
+}
+
+/// `min(max(x + 3, 0), 6)`, shared by hardsigmoid and hardswish.
+fn shifted_relu6(cx: &mut Cx, x: V) -> V {
+    let (zero, three, six) = (full_like(cx, 0.0, x), full_like(cx, 3.0, x), full_like(cx, 6.0, x));
+    let r = add(cx, x, three);
+    let r = cx.g.binary("stablehlo.maximum", r, zero);
+    cx.g.binary("stablehlo.minimum", r, six)
+}
+
+/// `min(max(x + 3, 0), 6) / 6`.
+fn hardsigmoid(cx: &mut Cx) -> Result<Vec<V>> {
+    let (x, dtype) = float_self(cx, "hardsigmoid_cpu")?;
+    let r = shifted_relu6(cx, x);
+    let six = full_like(cx, 6.0, x);
+    let r = div(cx, r, six);
+    finish(cx, r, dtype)
+}
+
+/// `g / 6` inside (-3, 3), else 0.
+fn hardsigmoid_backward(cx: &mut Cx) -> Result<Vec<V>> {
+    let (v, dtype) = promoted(cx, &["grad_output", "self"])?;
+    let (g, x) = (v[0], v[1]);
+    let (three, mthree, sixth) = (full_like(cx, 3.0, x), full_like(cx, -3.0, x), full_like(cx, 1.0 / 6.0, x));
+    let above = cx.g.compare("GT", x, mthree);
+    let below = cx.g.compare("LT", x, three);
+    let inside = cx.g.binary("stablehlo.and", above, below);
+    let gs = mul(cx, g, sixth);
+    let zero = full_like(cx, 0.0, g);
+    let r = cx.g.select(inside, gs, zero);
+    finish(cx, r, dtype)
+}
+
+/// `x min(max(x + 3, 0), 6) / 6`, multiplied before dividing as CPU does.
+fn hardswish(cx: &mut Cx) -> Result<Vec<V>> {
+    let (x, dtype) = float_self(cx, "hardswish_cpu")?;
+    let r = shifted_relu6(cx, x);
+    let r = mul(cx, x, r);
+    let six = full_like(cx, 6.0, x);
+    let r = div(cx, r, six);
+    finish(cx, r, dtype)
+}
+
+/// 0 below -3, `g (x / 3 + 1/2)` up to 3, `g` above.
+fn hardswish_backward(cx: &mut Cx) -> Result<Vec<V>> {
+    let (v, dtype) = promoted(cx, &["grad_output", "self"])?;
+    let (g, x) = (v[0], v[1]);
+    let (three, mthree, half) = (full_like(cx, 3.0, x), full_like(cx, -3.0, x), full_like(cx, 0.5, x));
+    let slope = div(cx, x, three);
+    let slope = add(cx, slope, half);
+    let middle = mul(cx, g, slope);
+    let upper = cx.g.compare("LE", x, three);
+    let r = cx.g.select(upper, middle, g);
+    let lower = cx.g.compare("LT", x, mthree);
+    let zero = full_like(cx, 0.0, g);
+    let r = cx.g.select(lower, zero, r);
     finish(cx, r, dtype)
 }
 

@@ -1,9 +1,9 @@
 //! Reductions. One rule for dims/keepdim/dtype; float16/bfloat16 accumulate
 //! in float32.
-use super::elementwise::{arith, no_bool};
+use super::elementwise::{arith, no_bool, not_implemented};
 use super::{op, op_consts, wrap_dim, Cx, Entry};
 use crate::dtype::{opmath, DType};
-use crate::error::{Error, Result};
+use crate::error::{Error, Kind, Result};
 use crate::ir::{ReduceKind, V};
 
 pub static ENTRIES: &[Entry] = &[
@@ -26,6 +26,7 @@ pub static ENTRIES: &[Entry] = &[
     op("_cummax_helper", |cx| cumulative_extreme(cx, true)),
     op("_cummin_helper", |cx| cumulative_extreme(cx, false)),
     op("_logcumsumexp", logcumsumexp),
+    op_consts("histc", histc, &["min", "max"]),
 ];
 
 /// The reduced dimensions of a `dim` argument: absent, None or [] mean all.
@@ -436,4 +437,83 @@ fn vector_norm(cx: &mut Cx) -> Result<Vec<V>> {
         cx.g.binary("stablehlo.power", s, inv)
     };
     Ok(vec![cx.g.convert(r, dtype)])
+}
+
+/// `histc`: counts of self's elements in `bins` equal bins over [min, max],
+/// or over the data's range when min == max (widened by 1 on each side when
+/// that is one value). Floating types follow CPU's kernel: edges in self's
+/// dtype and positions computed in it. Integer types, which CPU rejects,
+/// follow CUDA's (positions in int64): libraries call histc on integer
+/// tensors on any accelerator (transformers' MoE routing).
+fn histc(cx: &mut Cx) -> Result<Vec<V>> {
+    let t = cx.meta("self")?;
+    let bins = cx.int("bins")?;
+    if bins <= 0 {
+        return Err(Error::runtime(format!("torch.histogram(): bins must be > 0, but got {bins} for dimension 0")));
+    }
+    let dtype = t.dtype;
+    if dtype == DType::Bool || dtype.is_complex() {
+        // CPU fails building the edges (linspace) before counting.
+        return Err(not_implemented("linspace_cpu", dtype));
+    }
+    let float = dtype.is_float();
+    // The range's type: CPU's double, CUDA's int64 for integer inputs.
+    let rt = if float { DType::F64 } else { DType::I64 };
+    let (min, max) = (cx.const_f64("min")?, cx.const_f64("max")?);
+    let (min, max) = if float { (min, max) } else { (min.trunc(), max.trunc()) };
+    let n = t.numel();
+    let x = cx.tensor("self")?;
+    let x = cx.g.reshape(x, &[n]);
+    let (lo, hi) = if min == max && n > 0 {
+        let data = cx.g.convert(x, rt);
+        let lo = cx.g.reduce(ReduceKind::Min, data, &[0]);
+        let hi = cx.g.reduce(ReduceKind::Max, data, &[0]);
+        let one = cx.g.scalar(1.0, rt);
+        let single = cx.g.compare("EQ", lo, hi);
+        let (below, above) = (cx.g.binary("stablehlo.subtract", lo, one), cx.g.binary("stablehlo.add", hi, one));
+        let (lo, hi) = (cx.g.select(single, below, lo), cx.g.select(single, above, hi));
+        if float {
+            let inf = cx.g.scalar(f64::INFINITY, rt);
+            let finite = |cx: &mut Cx, v: V| {
+                let a = cx.g.unary("stablehlo.abs", v);
+                cx.g.compare("LT", a, inf)
+            };
+            let (lo_ok, hi_ok) = (finite(cx, lo), finite(cx, hi));
+            let ok = cx.g.binary("stablehlo.and", lo_ok, hi_ok);
+            let bad = cx.g.unary("stablehlo.not", ok);
+            cx.check(bad, None, Kind::Runtime, "torch.histc: range of the input's values is not finite");
+        }
+        (lo, hi)
+    } else {
+        let (lo, hi) = if min == max { (min - 1.0, max + 1.0) } else { (min, max) };
+        if float && !(lo.is_finite() && hi.is_finite()) {
+            return Err(Error::runtime(format!("torch.histc: range of [{lo}, {hi}] is not finite")));
+        }
+        if lo >= hi {
+            return Err(Error::runtime("torch.histc: max must be larger than min"));
+        }
+        (cx.g.scalar(lo, rt), cx.g.scalar(hi, rt))
+    };
+    // Positions in the compute type: self's dtype (CPU), int64 (CUDA).
+    let ct = if float { dtype } else { DType::I64 };
+    let (x, lo, hi) = (cx.g.convert(x, ct), cx.g.convert(lo, ct), cx.g.convert(hi, ct));
+    let (lo, hi) = (cx.g.broadcast_in_dim(lo, &[n], &[]), cx.g.broadcast_in_dim(hi, &[n], &[]));
+    let above_lo = cx.g.compare("GE", x, lo);
+    let below_hi = cx.g.compare("LE", x, hi);
+    let inside = cx.g.binary("stablehlo.and", above_lo, below_hi);
+    let offset = cx.g.binary("stablehlo.subtract", x, lo);
+    let width = cx.g.binary("stablehlo.subtract", hi, lo);
+    let scale = cx.g.full(bins as f64, ct, &[n]);
+    let scaled = cx.g.binary("stablehlo.multiply", offset, scale);
+    let pos = cx.g.binary("stablehlo.divide", scaled, width);
+    let pos = cx.g.convert(pos, DType::I64);
+    // The last bin is closed: the maximum lands in it.
+    let last = cx.g.full((bins - 1) as f64, DType::I64, &[n]);
+    let pos = cx.g.binary("stablehlo.minimum", pos, last);
+    let zero = cx.g.full(0.0, DType::I64, &[n]);
+    let pos = cx.g.select(inside, pos, zero);
+    let (one, none) = (cx.g.full(1.0, dtype, &[n]), cx.g.full(0.0, dtype, &[n]));
+    let counts = cx.g.select(inside, one, none);
+    let hist = cx.g.full(0.0, dtype, &[bins]);
+    Ok(vec![cx.g.put(hist, pos, counts, 0, Some(ReduceKind::Sum))])
 }

@@ -1,0 +1,100 @@
+//! Events: points in the device's one in-order queue, with CUDA events'
+//! semantics (`torch.Event`, `torch.tpu.Event`). Every tpu stream maps onto
+//! that queue, so an event stands for all the work issued before it was
+//! recorded: recording runs what fused mode has recorded and watches every
+//! buffer not yet computed; the event completes when the last one is ready,
+//! and the time it did is kept for `elapsed_time`.
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Instant;
+
+use crate::error::{Error, Result};
+use crate::exec;
+use crate::trace::{self, Reason};
+
+pub struct Event {
+    pub timing: bool,
+    /// Ready events still to fire, plus one while recording.
+    remaining: AtomicUsize,
+    done_at: OnceLock<Instant>,
+    error: Mutex<Option<String>>,
+    /// The plugin's events the callbacks hang on, kept until this is dropped.
+    watched: Mutex<Vec<pjrt::Event>>,
+}
+
+impl Event {
+    fn finish(&self, status: std::result::Result<(), pjrt::Error>) {
+        if let Err(e) = status {
+            self.error.lock().unwrap().get_or_insert(e.to_string());
+        }
+        if self.remaining.fetch_sub(1, Ordering::AcqRel) == 1 {
+            let _ = self.done_at.set(Instant::now());
+        }
+    }
+
+    pub fn is_done(&self) -> bool {
+        self.done_at.get().is_some()
+    }
+
+    /// Blocks until the work before the event is done; the error of a
+    /// computation it waited for, if one failed.
+    pub fn synchronize(&self) -> Result<()> {
+        for e in self.watched.lock().unwrap().iter() {
+            let _ = e.await_ready();
+        }
+        while !self.is_done() {
+            std::thread::yield_now(); // the last callback is running
+        }
+        match self.error.lock().unwrap().clone() {
+            Some(e) => Err(Error::runtime(format!("torchtpu: work before this event failed: {e}"))),
+            None => Ok(()),
+        }
+    }
+
+    /// Milliseconds from `self`'s completion to `end`'s, as CUDA's `elapsed_time`.
+    pub fn elapsed_ms(&self, end: &Event) -> Result<f64> {
+        if !(self.timing && end.timing) {
+            return Err(Error::value("Both events must be created with argument 'enable_timing=True'."));
+        }
+        match (self.done_at.get(), end.done_at.get()) {
+            (Some(a), Some(b)) => Ok((b.saturating_duration_since(*a).as_secs_f64()
+                - a.saturating_duration_since(*b).as_secs_f64())
+                * 1e3),
+            _ => Err(Error::value("Both events must be completed before calculating elapsed time.")),
+        }
+    }
+}
+
+/// Records an event after all work issued so far (and recorded in fused mode).
+pub fn record(timing: bool) -> Result<Arc<Event>> {
+    trace::flush(Reason::Query)?;
+    let buffers = exec::issued();
+    let event = Arc::new(Event {
+        timing,
+        remaining: AtomicUsize::new(buffers.len() + 1),
+        done_at: OnceLock::new(),
+        error: Mutex::new(None),
+        watched: Mutex::new(Vec::with_capacity(buffers.len())),
+    });
+    for b in &buffers {
+        let ready = b.buf.ready_event()?;
+        let e = event.clone();
+        if let Err(err) = ready.on_ready(move |status| e.finish(status)) {
+            event.finish(Err(err));
+        }
+        event.watched.lock().unwrap().push(ready);
+    }
+    event.finish(Ok(()));
+    Ok(event)
+}
+
+/// Whether all work issued so far is done (`Stream.query()`).
+pub fn idle() -> Result<bool> {
+    trace::flush(Reason::Query)?;
+    for b in exec::issued() {
+        if !b.buf.ready_event()?.is_ready()? {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
