@@ -12,6 +12,14 @@ $(VENV)/.installed: requirements.txt
 	$(VENV)/bin/pip install -q -r requirements.txt
 	touch $@
 
+# The model zoo's libraries (tests/models): installed without dependencies,
+# so that nothing can replace the pinned torch (torchvision's newest build
+# was made for torch 2.14); `pip check` proves the pinned set complete.
+$(VENV)/.models-installed: requirements-models.txt $(VENV)/.installed
+	$(VENV)/bin/pip install -q --no-deps -r requirements-models.txt
+	$(VENV)/bin/pip check
+	touch $@
+
 # The extension (Rust core + C++ adapter) installed into the virtualenv.
 build: $(VENV)/.installed
 	$(VENV)/bin/maturin develop --release -q
@@ -19,10 +27,10 @@ build: $(VENV)/.installed
 demo: build
 	$(PY) examples/train_mlp.py
 
-test: build
+test: build $(VENV)/.models-installed
 	TORCHTPU_PJRT_PLUGIN=$$($(PY) -c "import torchtpu._plugin as p; print(p.find_plugin()[0])") \
 		cargo test -q --workspace
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q tests --durations=25
 
 # The whole OpInfo conformance sweep (every sample; `make test` runs a seeded
 # subset, `make conformance LIMIT=8` a larger one): prints the pass rate per
@@ -32,10 +40,11 @@ conformance: build
 	$(PY) -m torchtpu.coverage --results build/conformance.json --markdown docs/COVERAGE.md; \
 	exit $${status:-0}
 
-bench: build
+bench: build $(VENV)/.models-installed
 	$(VENV)/bin/pip install -q -r bench/requirements.txt
 	$(PY) bench/dispatch.py
 	$(PY) bench/training.py
+	$(PY) bench/conv.py
 
 clean:
 	rm -rf target $(VENV)

@@ -39,8 +39,8 @@ def test_plain_tensors_round_trip():
 
 
 def test_non_blocking_and_pinned_transfers():
-    """Non-blocking copies to the host allocate "pinned" memory, which tpu
-    serves from the CPU allocator."""
+    """Non-blocking copies to the host allocate pinned memory (the hooks'
+    pinned allocator)."""
     x = torch.randn(3, 5)
     t = x.to("tpu", non_blocking=True)
     torch.testing.assert_close(t.to("cpu", non_blocking=True), x)

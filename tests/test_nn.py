@@ -620,3 +620,22 @@ def test_embedding_bag_errors():
 def test_embedding_renorm(norm_type, mode):
     compare(lambda w, i: torch.embedding_renorm_(w, i, 1.0, norm_type), torch.randn(6, 4),
             torch.tensor([[1, 1], [3, 0]]))
+
+
+# ------------------------------------------------------------------ grouped products (MoE)
+
+
+@pytest.mark.parametrize("ends", [[3, 7, 10], [0, 6, 9]], ids=["full", "empty_group_and_tail"])
+def test_grouped_mm(ends, mode):
+    """transformers' MoE experts: rows grouped by expert (2-d x 3-d); the
+    weight gradient groups the contracted dimension (2-d x 2-d)."""
+    offs = torch.tensor(ends, dtype=torch.int32)
+    x, w = randn(ends[-1], 8), randn(3, 8, 4)
+
+    def experts(x, w):
+        # Rows past the last group (and their gradients) are unspecified.
+        padded = torch.cat([x, x.new_zeros(10 - ends[-1], 8)])
+        return torch._grouped_mm(padded, w, offs=offs.to(x.device))[:ends[-1]]
+
+    compare(experts, x, w, grad=True, rtol=1e-5, atol=1e-4)
+    compare(lambda a, b: torch._grouped_mm(a, b), randn(3, 5, 8), randn(3, 8, 4), rtol=1e-5, atol=1e-4)

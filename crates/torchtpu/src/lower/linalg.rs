@@ -8,7 +8,7 @@ use super::{op, Cx, Entry};
 use crate::args::Tensor;
 use crate::dtype::{opmath, DType};
 use crate::ensure;
-use crate::error::{Kind, Result};
+use crate::error::{Error, Kind, Result};
 use crate::ir::{Graph, ReduceKind, V};
 
 pub static ENTRIES: &[Entry] = &[
@@ -19,6 +19,7 @@ pub static ENTRIES: &[Entry] = &[
     op("baddbmm", baddbmm),
     op("addmv", addmv),
     op("dot", dot),
+    op("_grouped_mm", grouped_mm),
     op("linalg_cholesky_ex", cholesky),
     op("linalg_solve_triangular", solve_triangular),
     op("triangular_solve", triangular_solve),
@@ -157,6 +158,69 @@ fn addmm_value(cx: &mut Cx) -> Result<(V, DType)> {
     }
     let p = product(cx, "mat1", "mat2", "addmm_impl_cpu_")?;
     Ok((add_scaled(cx, p)?, m1.dtype))
+}
+
+/// `_grouped_mm` (MoE layers): products of E groups given by `offs`, the
+/// groups' exclusive ends. Shapes stay static, whatever the routing: each
+/// group's product is computed for all rows and each row keeps its own
+/// group's (E times one product's work; rows past the last group are zero).
+/// 2-d x 3-d: self's rows grouped, one mat2 matrix per group; 2-d x 2-d: the
+/// contracted dimension grouped, one result per group (the weight gradient);
+/// 3-d x 3-d without offs: a batched product.
+fn grouped_mm(cx: &mut Cx) -> Result<Vec<V>> {
+    let (a, b) = (cx.meta("self")?, cx.meta("mat2")?);
+    ensure!(cx.is_none("bias"), "Bias not supported yet");
+    let out_dtype = cx.dtype("out_dtype")?.unwrap_or(a.dtype);
+    let ct = opmath(a.dtype);
+    let x = cx.tensor("self")?;
+    let y = cx.tensor("mat2")?;
+    let (x, y) = (cx.g.convert(x, ct), cx.g.convert(y, ct));
+    let offs = cx.opt_tensor("offs")?;
+    let r = match (a.sizes, b.sizes, offs) {
+        (&[_, _, _], &[_, _, _], None) => cx.g.matmul(x, y),
+        (&[m, k], &[e, _, n], Some(offs)) => {
+            let xe = cx.g.broadcast_in_dim(x, &[e, m, k], &[1, 2]);
+            let all = cx.g.matmul(xe, y);
+            let mask = group_mask(cx, offs, m);
+            let mask = cx.g.broadcast_in_dim(mask, &[e, m, n], &[0, 1]);
+            let zero = cx.g.full(0.0, ct, &[e, m, n]);
+            let own = cx.g.select(mask, all, zero);
+            cx.g.reduce(ReduceKind::Sum, own, &[0])
+        }
+        (&[m, k], &[_, n], Some(offs)) => {
+            let e = cx.g.ty(offs).numel();
+            let mask = group_mask(cx, offs, k);
+            let mask = cx.g.broadcast_in_dim(mask, &[e, m, k], &[0, 2]);
+            let xe = cx.g.broadcast_in_dim(x, &[e, m, k], &[1, 2]);
+            let zero = cx.g.full(0.0, ct, &[e, m, k]);
+            let xe = cx.g.select(mask, xe, zero);
+            let ye = cx.g.broadcast_in_dim(y, &[e, k, n], &[1, 2]);
+            cx.g.matmul(xe, ye)
+        }
+        _ => {
+            return Err(Error::not_implemented(format!(
+                "torchtpu: _grouped_mm of a {}-d and a {}-d tensor{} has no lowering",
+                a.sizes.len(),
+                b.sizes.len(),
+                if cx.is_none("offs") { " without offs" } else { " with offs" }
+            )))
+        }
+    };
+    finish(cx, r, out_dtype)
+}
+
+/// [E, n] bools: whether position j lies in group e, [offs[e - 1], offs[e]).
+fn group_mask(cx: &mut Cx, offs: V, n: i64) -> V {
+    let e = cx.g.ty(offs).numel();
+    let ends = cx.g.convert(offs, DType::I64);
+    let first = cx.g.full(0.0, DType::I64, &[1]);
+    let before = cx.g.slice(ends, &[0], &[e - 1], &[1]);
+    let starts = cx.g.concatenate(&[first, before], 0);
+    let (starts, ends) = (cx.g.broadcast_in_dim(starts, &[e, n], &[0]), cx.g.broadcast_in_dim(ends, &[e, n], &[0]));
+    let pos = cx.g.iota(DType::I64, &[e, n], 1);
+    let after_start = cx.g.compare("GE", pos, starts);
+    let before_end = cx.g.compare("LT", pos, ends);
+    cx.g.binary("stablehlo.and", after_start, before_end)
 }
 
 fn bmm(cx: &mut Cx) -> Result<Vec<V>> {

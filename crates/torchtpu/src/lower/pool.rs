@@ -456,8 +456,9 @@ fn adaptive_avg_pool(cx: &mut Cx, d: usize) -> Result<Vec<V>> {
     let t = cx.meta("self")?;
     let output = cx.ints("output_size")?;
     check_adaptive(d, t.sizes, &output)?;
-    // CPU returns an empty input's empty result before dispatching on its type.
-    if !t.dtype.is_float() && t.numel() > 0 {
+    // CPU's 1-d and 2-d kernels return an empty input's empty result before
+    // dispatching on its type; the 3-d one dispatches first.
+    if !t.dtype.is_float() && (t.numel() > 0 || d == 3) {
         let kernel = if d == 3 { "adaptive_avg_pool3d_cpu".into() } else { format!("adaptive_avg_pool{d}d") };
         return Err(not_implemented(&kernel, t.dtype));
     }

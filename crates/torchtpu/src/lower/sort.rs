@@ -18,6 +18,7 @@ pub static ENTRIES: &[Entry] = &[
     op("median", |cx| median(cx, false)),
     op("nanmedian", |cx| median(cx, true)),
     op("mode", mode),
+    op("isin", isin),
 ];
 
 /// `x` sorted along `dim`, and the i64 positions the values came from.
@@ -224,4 +225,26 @@ fn flat_rows(cx: &mut Cx, rows: &[i64]) -> V {
     let total: i64 = rows.iter().product();
     let flat = cx.g.iota(DType::I64, &[total], 0);
     cx.g.reshape(flat, rows)
+}
+
+/// Whether each element is among the test elements (CPU's comparison in
+/// their common type; NaN is in no set): every element against every test
+/// element, reduced. Overloads name a scalar side `element`/`test_element`.
+fn isin(cx: &mut Cx) -> Result<Vec<V>> {
+    let pick = |cx: &Cx, a: &'static str, b: &'static str| if cx.has(a) { a } else { b };
+    let (en, tn) = (pick(cx, "elements", "element"), pick(cx, "test_elements", "test_element"));
+    let (e, t) = (cx.operand(en)?, cx.operand(tn)?);
+    let ct = cx.result_type(&[e, t]);
+    let (ev, tv) = (cx.g.convert(e.v, ct), cx.g.convert(t.v, ct));
+    let shape = cx.g.ty(ev).shape.clone();
+    let m = cx.g.ty(tv).numel();
+    let tv = cx.g.reshape(tv, &[m]);
+    let rank = shape.len();
+    let grid: Vec<i64> = shape.iter().copied().chain([m]).collect();
+    let keep: Vec<i64> = (0..rank as i64).collect();
+    let ev = cx.g.broadcast_in_dim(ev, &grid, &keep);
+    let tv = cx.g.broadcast_in_dim(tv, &grid, &[rank as i64]);
+    let eq = cx.g.compare("EQ", ev, tv);
+    let found = cx.g.reduce(ReduceKind::Or, eq, &[rank]);
+    Ok(vec![if cx.bool("invert")? { cx.g.unary("stablehlo.not", found) } else { found }])
 }
