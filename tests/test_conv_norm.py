@@ -75,6 +75,29 @@ def test_convolution(case, transposed, mode):
     run_both(lambda x, w: fn(x, w, None, **kwargs), x, w, **CONV_TOL)
 
 
+# (kernel, stride, padding, dilation) of depthwise convolutions (as many
+# groups as channels, one weight per channel), lowered as taps.
+DEPTHWISE_CASES = [
+    ((3,), 1, 1, 1),
+    ((7, 7), 1, 3, 1),  # ConvNeXt's
+    ((3, 3), 2, 1, 1),  # MobileNet's downsampling
+    ((3, 2), (2, 1), (0, 2), (1, 2)),
+    ((3, 2, 3), 1, 1, 1),
+]
+
+
+@pytest.mark.parametrize("case", DEPTHWISE_CASES, ids=str)
+def test_depthwise_convolution(case, mode):
+    kernel, stride, padding, dilation = case
+    dims = len(kernel)
+    x = torch.randn((2, 6) + (9, 8, 5)[:dims])
+    w = torch.randn((6, 1) + kernel)
+    fn = getattr(F, f"conv{dims}d")
+    kwargs = dict(stride=stride, padding=padding, dilation=dilation, groups=6)
+    run_both(lambda x, w, b: fn(x, w, b, **kwargs), x, w, torch.randn(6), **CONV_TOL)
+    run_both(lambda x: fn(x, w.to(x.device), None, **kwargs), x, **CONV_TOL)
+
+
 def test_convolution_input_without_grad(mode):
     """Only the weight's gradient is asked for (output_mask): the first layer."""
     x, w = torch.randn(2, 3, 8, 8), torch.randn(5, 3, 3, 3)

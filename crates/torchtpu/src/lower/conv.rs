@@ -13,6 +13,7 @@
 //! Integer tensors convolve in their own type, as on CPU; bool ones raise
 //! CPU's error.
 use super::elementwise::{finish, not_implemented};
+use super::pool::{add_windows, window_slices, Window};
 use super::{op, Cx, Entry, UNDEFINED};
 use crate::dtype::{opmath, DType};
 use crate::error::{Error, Result};
@@ -206,9 +207,8 @@ fn input_grad(cx: &mut Cx, g: V, kernel: V, c: &Conv, lhs: &[i64]) -> V {
 }
 
 /// The gradient of `c`'s kernel (of shape `rhs`) from the output's `g`: the
-/// input convolved with grad_output, batch and feature roles exchanged
-/// (feature groups become batch groups), strides and kernel dilation
-/// exchanged.
+/// input convolved with grad_output, batch and feature roles exchanged,
+/// strides and kernel dilation exchanged.
 fn kernel_grad(cx: &mut Cx, g: V, input: V, c: &Conv, rhs: &[i64]) -> V {
     let (gs, xs) = (cx.g.ty(g).shape.clone(), cx.g.ty(input).shape.clone());
     let (ls, ks, os) = (spatial(&xs, &c.lhs), spatial(rhs, &c.rhs), spatial(&gs, &c.out));
@@ -231,9 +231,206 @@ fn kernel_grad(cx: &mut Cx, g: V, input: V, c: &Conv, rhs: &[i64]) -> V {
         lhs_dilation: c.lhs_dilation.clone(),
         rhs_dilation: c.strides.clone(),
         feature_groups: 1,
-        batch_groups: c.feature_groups,
+        batch_groups: 1,
     };
-    cx.g.convolution(input, g, t)
+    if c.feature_groups == 1 {
+        return cx.g.convolution(input, g, t);
+    }
+    // Each group's kernel contracts its own input and output features over
+    // the batch. As a batch-grouped convolution (JAX's form) XLA:CPU expands
+    // it into a dense one `groups` times larger (96-768x for ConvNeXt's
+    // depthwise layers); instead the batch joins the features: the input as
+    // [in / G, G N, spatial...] and grad_output as [G out / G, N, spatial...],
+    // feature-grouped.
+    debug_assert!(c.lhs == identity(xs.len()) && c.out == identity(gs.len()), "forward_conv's layouts");
+    let groups = c.feature_groups;
+    let x = batch_into_features(cx, input, groups, &[2, 1, 0], false);
+    let g = batch_into_features(cx, g, groups, &[1, 2, 0], true);
+    let t = Conv { lhs: identity(xs.len()), rhs: identity(gs.len()), feature_groups: groups, ..t };
+    cx.g.convolution(x, g, t)
+}
+
+/// [N, G f, spatial...] with the axes (N, G, f) put in `order`, the last two
+/// joined (or the first two, `join_first`).
+fn batch_into_features(cx: &mut Cx, v: V, groups: i64, order: &[i64; 3], join_first: bool) -> V {
+    let shape = cx.g.ty(v).shape.clone();
+    let axes = [shape[0], groups, shape[1] / groups];
+    let split: Vec<i64> = axes.iter().chain(&shape[2..]).copied().collect();
+    let v = cx.g.reshape(v, &split);
+    let perm: Vec<i64> = order.iter().copied().chain(3..split.len() as i64).collect();
+    let v = cx.g.transpose(v, &perm);
+    let [a, b, c] = order.map(|i| axes[i as usize]);
+    let joined = if join_first { [a * b, c] } else { [a, b * c] };
+    let merged: Vec<i64> = joined.iter().chain(&shape[2..]).copied().collect();
+    cx.g.reshape(v, &merged)
+}
+
+// ------------------------------------------------------------------ taps
+
+/// How a convolution lowers as taps: one strided slice of the input per
+/// kernel offset, combined with that offset's weights and summed. XLA:CPU
+/// runs feature-grouped convolutions as naive loops (~0.5 GFLOP/s) and
+/// rewrites convolutions whose kernel exceeds the input (ResNet's last
+/// stage: 3x3 kernels over 2x2 maps) into a layout its fast path lacks
+/// (60x slower than CPU's); as taps they are fused loops and matrix products.
+#[derive(Clone, Copy, PartialEq)]
+enum Taps {
+    /// One input and one output channel per group (MobileNet's, ConvNeXt's):
+    /// each tap multiplies its slice by per-channel weights.
+    Depthwise,
+    /// One group, a few kernel offsets: each tap is a [out, in] matrix product.
+    Dense,
+}
+
+/// Kernels with at most this many offsets lower as dense taps (1x1, 3x3).
+const DENSE_TAPS: i64 = 9;
+
+/// The taps and their window of a convolution, if it lowers as taps.
+fn taps(p: &Params, input: &[i64], weight: &[i64]) -> Option<(Taps, Window)> {
+    let n = weight.len().checked_sub(2)?;
+    let depthwise = p.groups > 1 && p.groups == input[1] && weight[0] == p.groups && weight[1] == 1;
+    let dense = p.groups == 1 && weight[2..].iter().product::<i64>() <= DENSE_TAPS;
+    let kind = match (depthwise, dense) {
+        _ if p.transposed || input.contains(&0) || weight.contains(&0) => return None,
+        (true, _) => Taps::Depthwise,
+        (_, true) => Taps::Dense,
+        _ => return None,
+    };
+    let output: Vec<i64> = (0..n)
+        .map(|i| (input[i + 2] + 2 * p.padding[i] - dilated(weight[i + 2], p.dilation[i])) / p.stride[i] + 1)
+        .collect();
+    if output.iter().any(|&o| o <= 0) {
+        return None;
+    }
+    let window = Window {
+        kernel: weight[2..].to_vec(),
+        stride: p.stride.clone(),
+        pad: p.padding.clone(),
+        dilation: p.dilation.clone(),
+        input: input[2..].to_vec(),
+        output,
+    };
+    Some((kind, window))
+}
+
+/// Offset `k`'s weights: per channel [C] (depthwise) or the matrix [out, in]
+/// (dense), of the weight [out, in, k...].
+fn weights_at(cx: &mut Cx, kind: Taps, w: V, k: i64) -> V {
+    let shape = cx.g.ty(w).shape.clone();
+    let count: i64 = shape[2..].iter().product();
+    let w = cx.g.reshape(w, &[shape[0], shape[1], count]);
+    let t = cx.g.slice(w, &[0, 0, k], &[shape[0], shape[1], k + 1], &[1, 1, 1]);
+    match kind {
+        Taps::Depthwise => cx.g.reshape(t, &[shape[0]]),
+        Taps::Dense => cx.g.reshape(t, &[shape[0], shape[1]]),
+    }
+}
+
+/// [N, C, spatial...] <-> [C, N spatial...]: the layout dense taps multiply in.
+fn channels_first(cx: &mut Cx, v: V) -> V {
+    let shape = cx.g.ty(v).shape.clone();
+    let perm: Vec<i64> = [1, 0].into_iter().chain(2..shape.len() as i64).collect();
+    let v = cx.g.transpose(v, &perm);
+    cx.g.reshape(v, &[shape[1], shape.iter().product::<i64>() / shape[1]])
+}
+
+fn channels_second(cx: &mut Cx, v: V, like: &[i64]) -> V {
+    let split: Vec<i64> = [like[1], like[0]].iter().chain(&like[2..]).copied().collect();
+    let v = cx.g.reshape(v, &split);
+    let perm: Vec<i64> = [1, 0].into_iter().chain(2..like.len() as i64).collect();
+    cx.g.transpose(v, &perm)
+}
+
+/// Offset k's weights applied to `s` ([N, in, spatial...] -> [N, out,
+/// spatial...]); `transposed`: the transposed weights (out -> in).
+fn apply_tap(cx: &mut Cx, kind: Taps, s: V, w: V, k: i64, transposed: bool) -> V {
+    let shape = cx.g.ty(s).shape.clone();
+    let t = weights_at(cx, kind, w, k);
+    match kind {
+        Taps::Depthwise => {
+            let t = cx.g.broadcast_in_dim(t, &shape, &[1]);
+            cx.g.binary("stablehlo.multiply", s, t)
+        }
+        Taps::Dense => {
+            let t = if transposed { cx.g.transpose(t, &[1, 0]) } else { t };
+            let out = cx.g.ty(t).shape[0];
+            let flat = channels_first(cx, s);
+            let y = cx.g.matmul(t, flat);
+            let like: Vec<i64> = [shape[0], out].iter().chain(&shape[2..]).copied().collect();
+            channels_second(cx, y, &like)
+        }
+    }
+}
+
+/// The sum over offsets of each offset's slice of `x` with its weights; with
+/// `flip` the kernel reversed in every spatial dimension and transposed (the
+/// input gradient of a convolution of stride 1 is the convolution of
+/// grad_output with that kernel). Elementwise (depthwise) it fuses into one
+/// loop: a stacked window and a reduction were 40x slower, XLA:CPU
+/// materialized the stack.
+fn tap_sum(cx: &mut Cx, kind: Taps, x: V, w: V, win: &Window, flip: bool) -> V {
+    let slices = window_slices(cx, x, win, 0.0);
+    let last = slices.len() as i64 - 1;
+    let mut acc = None;
+    for (k, s) in slices.into_iter().enumerate() {
+        let k = if flip { last - k as i64 } else { k as i64 };
+        let p = apply_tap(cx, kind, s, w, k, flip);
+        acc = Some(acc.map_or(p, |a| cx.g.binary("stablehlo.add", a, p)));
+    }
+    acc.expect("a kernel offset")
+}
+
+/// (input gradient, weight gradient) of a convolution lowered as taps.
+fn tap_backward(
+    cx: &mut Cx,
+    kind: Taps,
+    g: V,
+    x: Option<V>,
+    w: Option<V>,
+    win: &Window,
+    input: &[i64],
+) -> (Option<V>, Option<V>) {
+    let gi = w.map(|w| {
+        if win.stride.iter().all(|&s| s == 1) {
+            // One padding of grad_output and its slices, as forward (the
+            // spread-out taps of add_windows are padded one by one).
+            let n = win.kernel.len();
+            let pad = (0..n).map(|i| win.dilation[i] * (win.kernel[i] - 1) - win.pad[i]).collect();
+            let back = Window { pad, input: win.output.clone(), output: win.input.clone(), ..win.clone() };
+            return tap_sum(cx, kind, g, w, &back, true);
+        }
+        add_windows(cx, win, input, |cx, k| apply_tap(cx, kind, g, w, k, true))
+    });
+    let gw = x.map(|x| {
+        let gs = cx.g.ty(g).shape.clone();
+        // Depthwise: the spatial (minor) dimensions first, as XLA:CPU
+        // reduces rows fast and the batch around the channels slowly.
+        let spatial: Vec<usize> = (2..gs.len()).collect();
+        let gf = if kind == Taps::Dense { Some(channels_first(cx, g)) } else { None };
+        let per_tap: Vec<V> = window_slices(cx, x, win, 0.0)
+            .into_iter()
+            .map(|s| match gf {
+                Some(gf) => {
+                    let sf = channels_first(cx, s);
+                    let sf = cx.g.transpose(sf, &[1, 0]);
+                    let r = cx.g.matmul(gf, sf);
+                    let r_shape = cx.g.ty(r).shape.clone();
+                    cx.g.reshape(r, &[r_shape[0], r_shape[1], 1])
+                }
+                None => {
+                    let p = cx.g.binary("stablehlo.multiply", s, g);
+                    let r = cx.g.reduce(ReduceKind::Sum, p, &spatial);
+                    let r = cx.g.reduce(ReduceKind::Sum, r, &[0]);
+                    cx.g.reshape(r, &[gs[1], 1, 1])
+                }
+            })
+            .collect();
+        let r = cx.g.concatenate(&per_tap, 2);
+        let in_channels = cx.g.ty(r).shape[1];
+        let kernel: Vec<i64> = [gs[1], in_channels].iter().chain(&win.kernel).copied().collect();
+        cx.g.reshape(r, &kernel)
+    });
+    (gi, gw)
 }
 
 fn convolution(cx: &mut Cx) -> Result<Vec<V>> {
@@ -241,8 +438,13 @@ fn convolution(cx: &mut Cx) -> Result<Vec<V>> {
     let p = params(cx, wt.sizes.len().saturating_sub(2))?;
     let x = operand(cx, "input", &p)?;
     let w = operand(cx, "weight", &p)?;
-    let rhs = kernel(cx, w, &p);
-    let mut y = cx.g.convolution(x, rhs, forward_conv(&p, wt.sizes));
+    let mut y = match taps(&p, xt.sizes, wt.sizes) {
+        Some((kind, win)) => tap_sum(cx, kind, x, w, &win, false),
+        None => {
+            let rhs = kernel(cx, w, &p);
+            cx.g.convolution(x, rhs, forward_conv(&p, wt.sizes))
+        }
+    };
     if let Some(b) = cx.opt_tensor("bias")? {
         let b = cx.g.convert(b, opmath(xt.dtype));
         let shape = cx.g.ty(y).shape.clone();
@@ -261,22 +463,30 @@ fn convolution_backward(cx: &mut Cx) -> Result<Vec<V>> {
     let g = operand(cx, "grad_output", &p)?;
     let c = forward_conv(&p, wt.sizes);
     let mut out = vec![UNDEFINED; 3];
-    if mask[0] {
-        let w = operand(cx, "weight", &p)?;
-        let k = kernel(cx, w, &p);
-        let gi = input_grad(cx, g, k, &c, xt.sizes);
-        out[0] = cx.g.convert(gi, xt.dtype);
-    }
-    if mask[1] {
-        let x = operand(cx, "input", &p)?;
-        let mut kernel_shape = wt.sizes.to_vec();
-        if p.transposed {
-            kernel_shape[0] = wt.sizes[1] * p.groups;
-            kernel_shape[1] = wt.sizes[0] / p.groups;
+    if let Some((kind, win)) = taps(&p, xt.sizes, wt.sizes) {
+        let w = if mask[0] { Some(operand(cx, "weight", &p)?) } else { None };
+        let x = if mask[1] { Some(operand(cx, "input", &p)?) } else { None };
+        let (gi, gw) = tap_backward(cx, kind, g, x, w, &win, xt.sizes);
+        out[0] = gi.map_or(UNDEFINED, |gi| cx.g.convert(gi, xt.dtype));
+        out[1] = gw.map_or(UNDEFINED, |gw| cx.g.convert(gw, wt.dtype));
+    } else {
+        if mask[0] {
+            let w = operand(cx, "weight", &p)?;
+            let k = kernel(cx, w, &p);
+            let gi = input_grad(cx, g, k, &c, xt.sizes);
+            out[0] = cx.g.convert(gi, xt.dtype);
         }
-        let gk = kernel_grad(cx, g, x, &c, &kernel_shape);
-        let gw = weight_grad(cx, gk, &p);
-        out[1] = cx.g.convert(gw, wt.dtype);
+        if mask[1] {
+            let x = operand(cx, "input", &p)?;
+            let mut kernel_shape = wt.sizes.to_vec();
+            if p.transposed {
+                kernel_shape[0] = wt.sizes[1] * p.groups;
+                kernel_shape[1] = wt.sizes[0] / p.groups;
+            }
+            let gk = kernel_grad(cx, g, x, &c, &kernel_shape);
+            let gw = weight_grad(cx, gk, &p);
+            out[1] = cx.g.convert(gw, wt.dtype);
+        }
     }
     if mask[2] {
         let rank = cx.g.ty(g).rank();

@@ -36,6 +36,7 @@ pub static ENTRIES: &[Entry] = &[
 ];
 
 /// A fixed pooling window over the last `d` dimensions.
+#[derive(Clone)]
 pub(super) struct Window {
     pub kernel: Vec<i64>,
     pub stride: Vec<i64>,
@@ -100,6 +101,17 @@ fn window(cx: &Cx, d: usize, sizes: &[i64]) -> Result<Window> {
 /// The window elements of the last d dimensions of `x`: one slice of x
 /// (padded with `fill`) per kernel offset, stacked on a new last dimension.
 pub(super) fn windows(cx: &mut Cx, x: V, w: &Window, fill: f64) -> V {
+    let parts = window_slices(cx, x, w, fill);
+    let mut stacked = cx.g.ty(parts[0]).shape.clone();
+    let last = stacked.len();
+    stacked.push(1);
+    let parts: Vec<V> = parts.into_iter().map(|p| cx.g.reshape(p, &stacked)).collect();
+    cx.g.concatenate(&parts, last)
+}
+
+/// One strided slice of `x` (padded with `fill`) per kernel offset, in
+/// order, each shaped like the output.
+pub(super) fn window_slices(cx: &mut Cx, x: V, w: &Window, fill: f64) -> Vec<V> {
     let shape = cx.g.ty(x).shape.clone();
     let dtype = cx.g.ty(x).dtype;
     let d = w.kernel.len();
@@ -115,10 +127,8 @@ pub(super) fn windows(cx: &mut Cx, x: V, w: &Window, fill: f64) -> V {
     let padded = cx.g.pad(x, fill, &low, &high, &vec![0; shape.len()]);
     let mut out_shape = shape[..lead].to_vec();
     out_shape.extend(&w.output);
-    let mut stacked = out_shape.clone();
-    stacked.push(1);
     let count: i64 = w.kernel.iter().product();
-    let parts: Vec<V> = (0..count)
+    (0..count)
         .map(|mut k| {
             let mut start = vec![0; shape.len()];
             let mut stride = vec![1; shape.len()];
@@ -130,11 +140,9 @@ pub(super) fn windows(cx: &mut Cx, x: V, w: &Window, fill: f64) -> V {
             let limit: Vec<i64> = (0..shape.len())
                 .map(|j| if j < lead { shape[j] } else { start[j] + dilated(out_shape[j], stride[j]) })
                 .collect();
-            let s = cx.g.slice(padded, &start, &limit, &stride);
-            cx.g.reshape(s, &stacked)
+            cx.g.slice(padded, &start, &limit, &stride)
         })
-        .collect();
-    cx.g.concatenate(&parts, out_shape.len())
+        .collect()
 }
 
 /// The flat position of each element within its plane of `sizes`.
