@@ -22,16 +22,20 @@ pub struct DeviceBuffer {
     pub buf: ManuallyDrop<pjrt::Buffer>,
     pub ty: Ty,
     device: usize,
-    /// What it holds on the device (counted by `memory`).
-    bytes: i64,
 }
 
 impl DeviceBuffer {
     pub fn new(buf: pjrt::Buffer, ty: Ty, device: usize) -> Arc<DeviceBuffer> {
         LIVE_BUFFERS.fetch_add(1, Ordering::Relaxed);
-        let bytes = buf.on_device_size().map_or(ty.numel() * ty.dtype.size() as i64, |n| n as i64);
-        memory::allocated(device, bytes);
-        Arc::new(DeviceBuffer { buf: ManuallyDrop::new(buf), ty, device, bytes })
+        let buffer = DeviceBuffer { buf: ManuallyDrop::new(buf), ty, device };
+        memory::allocated(device, buffer.bytes());
+        Arc::new(buffer)
+    }
+
+    /// What it holds on the device (counted by `memory`): its contents' size,
+    /// known from its type without asking the plugin on every op.
+    fn bytes(&self) -> i64 {
+        self.ty.numel() * self.ty.dtype.size() as i64
     }
 }
 
@@ -56,7 +60,7 @@ fn free(buf: pjrt::Buffer) {
 impl Drop for DeviceBuffer {
     fn drop(&mut self) {
         LIVE_BUFFERS.fetch_sub(1, Ordering::Relaxed);
-        memory::freed(self.device, self.bytes);
+        memory::freed(self.device, self.bytes());
         // SAFETY: `buf` is not used after this.
         free(unsafe { ManuallyDrop::take(&mut self.buf) });
     }
