@@ -124,26 +124,30 @@ WORKLOADS = {
 
 
 def train(workload, device, steps, lr=None, on_step=None, read_loss_before_step=False, schedule=False,
-          batches=None, **model_args):
+          batches=None, compile=False, **model_args):
     """Trains `workload` (a name of WORKLOADS) from a fixed seed for `steps`
     steps; returns the losses. `on_step(step, model, optimizer, (x, y, loss))`
-    runs after each step. `schedule` changes the learning rate every step;
-    `batches` replaces the workload's data; `model_args` go to its model."""
+    runs after each step. `schedule` changes the learning rate every step
+    (a tensor learning rate, as compiled optimizers want); `batches` replaces
+    the workload's data; `compile` compiles the model and the optimizer's
+    step with torch.compile; `model_args` go to its model."""
     w = WORKLOADS[workload]
     torch.manual_seed(0)
     net = w.model(**model_args).to(device)
-    opt = w.optimizer(net.parameters(), lr or w.lr)
+    lr = lr or w.lr
+    opt = w.optimizer(net.parameters(), torch.tensor(lr) if schedule and compile else lr)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, steps) if schedule else None
+    model, step_fn = (torch.compile(net), torch.compile(opt.step)) if compile else (net, opt.step)
     xs, ys = batches or w.batches(steps)
     losses = []
     for step in range(steps):
         x, y = xs[step].to(device), ys[step].to(device)
         opt.zero_grad()
-        loss = _flat_cross_entropy(net(x), y)
+        loss = _flat_cross_entropy(model(x), y)
         loss.backward()
         if read_loss_before_step:
             losses.append(loss.item())
-        opt.step()
+        step_fn()
         if sched:
             sched.step()
         if not read_loss_before_step:

@@ -74,10 +74,45 @@ from torch.optim.optimizer import register_optimizer_step_post_hook  # noqa: E40
 
 def _after_optimizer_step(optimizer, args, kwargs):
     # One fused program per training step, with no call in the user's loop.
-    _C.flush("optimizer_step")
+    # A compiled step of a tpu optimizer holds an op that flushes there.
+    if not torch.compiler.is_compiling():
+        _C.flush("optimizer_step")
+    elif any(p.device.type == "tpu" for group in optimizer.param_groups for p in group["params"]):
+        torch.ops.torchtpu.step_end()
 
 
 register_optimizer_step_post_hook(_after_optimizer_step)
+
+
+def _route_inductor():
+    """Plain `torch.compile` (Inductor) of a graph on tpu uses our backend.
+
+    Inductor maps the device name "tpu" to its Pallas code generator, written
+    for another TPU stack; PyTorch has no per-device default backend, so the
+    wrapper `torch.compile` builds for Inductor hands tpu graphs over to
+    `torchtpu.compiler` and keeps every other graph.
+    """
+    wrapper = torch._TorchCompileInductorWrapper
+    inductor_init, inductor = wrapper.__init__, wrapper.__call__
+
+    def __init__(self, *args, **kwargs):
+        # Before Dynamo traces anything: the backend adjusts how it traces
+        # optimizers (see torchtpu.compiler).
+        from . import compiler  # noqa: F401
+
+        inductor_init(self, *args, **kwargs)
+
+    def __call__(self, model_, inputs_):
+        if any(isinstance(x, torch.Tensor) and x.device.type == "tpu" for x in inputs_):
+            from .compiler import backend
+
+            return backend(model_, inputs_, options=self.config)
+        return inductor(self, model_, inputs_)
+
+    wrapper.__init__, wrapper.__call__ = __init__, __call__
+
+
+_route_inductor()
 
 if "TORCHTPU_MODE" in os.environ:
     set_mode(os.environ["TORCHTPU_MODE"])

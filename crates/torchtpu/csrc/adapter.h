@@ -3,6 +3,7 @@
 #include "ffi.h"
 
 #include <ATen/core/Generator.h>
+#include <ATen/core/Tensor.h>
 #include <c10/core/Allocator.h>
 #include <c10/core/Storage.h>
 
@@ -18,5 +19,9 @@ c10::Allocator* tpu_allocator();
 uint64_t draw_seed(const std::optional<at::Generator>& gen, c10::DeviceIndex device);
 // Moves a storage to a new allocation of nbytes, keeping its contents.
 void resize_storage(const c10::Storage& storage, size_t nbytes);
+// The marshalled form of a tensor argument (a tpu view or a CPU tensor).
+TtTensor describe(const at::Tensor& t);
+// A tpu storage owning the core's storage handle of a result.
+c10::Storage adopt_storage(const TtResult& r);
 
 }  // namespace torchtpu

@@ -23,7 +23,6 @@
 #include <unordered_map>
 
 namespace torchtpu {
-namespace {
 
 constexpr auto kTpu = c10::DeviceType::PrivateUse1;
 
@@ -48,6 +47,15 @@ TtTensor describe(const at::Tensor& t) {
   }
   return d;
 }
+
+c10::Storage adopt_storage(const TtResult& r) {
+  c10::Device device(kTpu, static_cast<c10::DeviceIndex>(r.device));
+  c10::DataPtr data(reinterpret_cast<void*>(r.addr), r.storage, &tt_storage_release, device);
+  return c10::Storage(c10::make_intrusive<c10::StorageImpl>(
+      c10::StorageImpl::use_byte_size_t(), r.nbytes, std::move(data), tpu_allocator(), true));
+}
+
+namespace {
 
 void copy_on_device(const at::Tensor& src, const at::Tensor& dst) {
   auto s = describe(src), d = describe(dst);
@@ -201,12 +209,8 @@ size_t count_tensors(c10::ArrayRef<c10::IValue> values) {
 
 at::Tensor wrap(const TtResult& r) {
   if (!r.storage) return at::Tensor();
-  c10::Device device(kTpu, static_cast<c10::DeviceIndex>(r.device));
-  c10::DataPtr data(reinterpret_cast<void*>(r.addr), r.storage, &tt_storage_release, device);
-  auto storage = c10::make_intrusive<c10::StorageImpl>(
-      c10::StorageImpl::use_byte_size_t(), r.nbytes, std::move(data), tpu_allocator(), true);
   auto t = at::detail::make_tensor<c10::TensorImpl>(
-      c10::Storage(std::move(storage)), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
+      adopt_storage(r), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
       caffe2::TypeMeta::fromScalarType(static_cast<at::ScalarType>(r.dtype)));
   t.unsafeGetTensorImpl()->set_sizes_contiguous(c10::IntArrayRef(r.sizes, r.ndim));
   return t;

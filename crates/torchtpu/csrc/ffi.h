@@ -21,6 +21,7 @@ enum {
   TT_ERR_NOT_IMPLEMENTED = 5, // NotImplementedError
   TT_ERR_LINALG = 6,          // torch.linalg.LinAlgError
   TT_FALLBACK = 7,            // not an error: run this call on the CPU
+  TT_GRAPH_MISS = 8,          // not an error: the compiled graph has no plan for this signature yet
 };
 
 // A tensor argument: a tpu view of a Rust storage, or a CPU tensor (scalars
@@ -118,6 +119,35 @@ int tt_fallback(const char* name);
 // host->tpu (src.host is contiguous in dst's dtype and shape), tpu->host (dst.host
 // is contiguous in src's dtype and shape).
 int tt_copy(const TtTensor* src, const TtTensor* dst);
+
+// Compiled graphs (torch.compile). A call's arguments are the graph's
+// tensors, then its numbers. Its results are new storages (owned by the
+// caller, as tt_op_run's) and views: of new storage `source` when source >= 0,
+// else of tensor argument -1 - source's storage (an output aliasing an input).
+typedef struct TtView {
+  int64_t source;
+  const int64_t* sizes;
+  const int64_t* strides;
+  int64_t offset;
+  int32_t ndim;
+  int32_t dtype;
+} TtView;
+typedef struct TtGraphResults {
+  const TtResult* storages;  // storage, addr, nbytes, device
+  int64_t nstorages;
+  const TtView* views;
+  int64_t nviews;
+} TtGraphResults;
+// Runs graph `graph` (results valid until the next graph call on this thread).
+int tt_graph_call(int64_t graph, const TtArg* args, int64_t nargs, TtGraphResults* out);
+// Starts capturing it for these arguments' signature: the results are the
+// placeholders (one view per tensor argument) to run the graph's ops on.
+int tt_capture_begin(int64_t graph, const TtArg* args, int64_t nargs, TtGraphResults* out);
+// Ends the capture with the graph's tensor outputs, computed on placeholders.
+int tt_capture_end(const TtTensor* outputs, int64_t n);
+// The end of an optimizer step: fused mode flushes (a graph being captured
+// is marked to flush after each of its calls).
+int tt_step_end(void);
 
 int tt_device_count(int32_t* count);
 int tt_synchronize(int32_t device);

@@ -78,9 +78,33 @@ pub struct Plan {
     undefined: Vec<usize>,
     /// Data-dependent errors, with graph output indices for their flag and value.
     pub checks: Vec<lower::Check>,
+    /// Buffers behind `Input::Constant`s.
+    pub constants: Vec<Arc<DeviceBuffer>>,
 }
 
 impl Plan {
+    /// A plan built elsewhere than by a lowering (a compiled graph's).
+    pub fn new(
+        name: String,
+        graph: crate::ir::Graph,
+        inputs: Vec<Input>,
+        outputs: Vec<Ty>,
+        checks: Vec<lower::Check>,
+        constants: Vec<Arc<DeviceBuffer>>,
+    ) -> Plan {
+        Plan {
+            name,
+            arg_types: Vec::new(),
+            graph,
+            program: Mutex::new(Weak::new()),
+            inputs,
+            outputs,
+            undefined: Vec::new(),
+            checks,
+            constants,
+        }
+    }
+
     fn program(&self) -> Result<Arc<Program>> {
         let mut slot = self.program.lock().unwrap();
         if let Some(p) = slot.upgrade() {
@@ -130,10 +154,10 @@ pub type FxMap<K, V> = HashMap<K, V, std::hash::BuildHasherDefault<FxHasher>>;
 
 static PLANS: LazyLock<RwLock<FxMap<Key, Arc<Plan>>>> = LazyLock::new(Default::default);
 
-/// The cache key of a call: the op and everything its program depends on,
-/// never the values of runtime operands.
-fn signature(op: &OpDef, args: &[Arg]) -> Key {
-    let mut key = vec![op.id as u64];
+/// The cache key of a call: the op (or compiled graph) `id` and everything
+/// its program depends on, never the values of `runtime` operands.
+pub fn signature(id: u64, runtime: impl Fn(usize) -> bool, args: &[Arg]) -> Key {
+    let mut key = vec![id];
     let mut storages: Vec<*const Storage> = Vec::new();
     let mut tensor = |key: &mut Key, t: &Option<Tensor>| {
         let Some(t) = t else { return key.push(0) };
@@ -172,7 +196,7 @@ fn signature(op: &OpDef, args: &[Arg]) -> Key {
         }
     };
     for (i, a) in args.iter().enumerate() {
-        let runtime = op.is_runtime(i);
+        let runtime = runtime(i);
         match a {
             Arg::None => key.push(100),
             Arg::Tensor(t) => tensor(&mut key, &Some(*t)),
@@ -245,6 +269,7 @@ fn build(op: &OpDef, lower: lower::Lowering, args: &[Arg], device: usize, sizes:
         outputs: logical,
         undefined,
         checks,
+        constants: Vec::new(),
     })
 }
 
@@ -262,7 +287,7 @@ fn cached(
     sizes: Vec<i64>,
     tag: &[u64],
 ) -> Result<Arc<Plan>> {
-    let mut key = signature(op, args);
+    let mut key = signature(op.id as u64, |i| op.is_runtime(i), args);
     key.extend(tag);
     key.extend(sizes.iter().map(|&s| s as u64));
     if let Some(p) = PLANS.read().unwrap().get(&key) {
@@ -347,8 +372,9 @@ pub fn resolve(value: &Value, reason: Reason) -> Result<Arc<DeviceBuffer>> {
     value.buffer().unwrap_or_else(|| Err(Error::runtime("torchtpu: a pending value was not computed")))
 }
 
-pub fn input(input: &Input, args: &[Arg], device: usize) -> Result<Arc<DeviceBuffer>> {
+pub fn input(plan: &Plan, input: &Input, args: &[Arg], device: usize) -> Result<Arc<DeviceBuffer>> {
     match *input {
+        Input::Constant(k) => Ok(plan.constants[k].clone()),
         Input::Storage { arg, item } => {
             let value = tensor_at(args, arg, item)?.storage.and_then(|s| s.value());
             resolve(&value.ok_or_else(|| Error::runtime("torchtpu: a storage lost its value"))?, Reason::Mode)
@@ -430,7 +456,8 @@ pub fn read_bool(b: &DeviceBuffer) -> Result<bool> {
 
 fn execute(plan: &Plan, what: &str, args: &[Arg], device: usize) -> Result<Vec<Arc<DeviceBuffer>>> {
     let rt = runtime::get()?;
-    let held: Vec<Arc<DeviceBuffer>> = plan.inputs.iter().map(|i| input(i, args, device)).collect::<Result<_>>()?;
+    let held: Vec<Arc<DeviceBuffer>> =
+        plan.inputs.iter().map(|i| input(plan, i, args, device)).collect::<Result<_>>()?;
     let refs: Vec<&pjrt::Buffer> = held.iter().map(|b| &*b.buf).collect();
     let start = Instant::now();
     let program = plan.program()?;
@@ -497,15 +524,15 @@ fn check_finite(outs: &[Arc<DeviceBuffer>], what: &str, device: usize) -> Result
     Ok(())
 }
 
-/// The device an op runs on: that of its tpu tensors (which must agree).
-fn device_of(op: &OpDef, args: &[Arg]) -> Result<usize> {
+/// The device an op (or graph) `what` runs on: that of its tpu tensors
+/// (which must agree).
+pub fn device_of(what: &str, args: &[Arg]) -> Result<usize> {
     let mut found: Option<usize> = None;
     let mut check = |t: &Tensor| -> Result<()> {
         if let Some(d) = t.device {
             match found {
                 Some(f) if f != d => Err(Error::runtime(format!(
-                    "Expected all tensors to be on the same device, but found at least two devices, tpu:{f} and tpu:{d}! ({})",
-                    op.name
+                    "Expected all tensors to be on the same device, but found at least two devices, tpu:{f} and tpu:{d}! ({what})"
                 ))),
                 _ => {
                     found = Some(d);
@@ -526,10 +553,11 @@ fn device_of(op: &OpDef, args: &[Arg]) -> Result<usize> {
     Ok(found.unwrap_or(0))
 }
 
-/// Runs a plan (or, in fused mode, records it); returns the results' values.
-fn apply(plan: &Arc<Plan>, what: &str, args: &[Arg], device: usize) -> Result<Vec<Value>> {
+/// Runs a plan (or, in fused mode or while a graph is captured, records
+/// it); returns the results' values.
+pub fn apply(plan: &Arc<Plan>, what: &str, args: &[Arg], device: usize) -> Result<Vec<Value>> {
     bump(&METRICS.ops);
-    if mode() == Mode::Fused {
+    if mode() == Mode::Fused || trace::capturing() {
         return trace::record(plan, args, device);
     }
     Ok(execute(plan, what, args, device)?.into_iter().map(Value::Ready).collect())
@@ -538,7 +566,7 @@ fn apply(plan: &Arc<Plan>, what: &str, args: &[Arg], device: usize) -> Result<Ve
 /// Runs a functional operator; its results are fresh storages and the
 /// results' types (None for undefined ones).
 pub fn run_op(op: &OpDef, args: &[Arg]) -> Result<Vec<Option<(Arc<Storage>, Ty)>>> {
-    let device = device_of(op, args)?;
+    let device = device_of(&op.name, args)?;
     let plan = match op.entry.measure {
         None => plan(op, args, device)?,
         Some(m) => {

@@ -9,7 +9,7 @@ use crate::args::{self, TtArg, TtTensor};
 use crate::error::{Error, Result};
 use crate::storage::Storage;
 use crate::trace::{self, Reason};
-use crate::{event, exec, lower, memory, metrics, runtime};
+use crate::{compiled, event, exec, lower, memory, metrics, runtime};
 
 #[repr(C)]
 pub struct TtSchemaArg {
@@ -30,6 +30,27 @@ pub struct TtResult {
     device: i32,
 }
 
+#[repr(C)]
+pub struct TtView {
+    source: i64,
+    sizes: *const i64,
+    strides: *const i64,
+    offset: i64,
+    ndim: i32,
+    dtype: i32,
+}
+
+#[repr(C)]
+pub struct TtGraphResults {
+    storages: *const TtResult,
+    nstorages: i64,
+    views: *const TtView,
+    nviews: i64,
+}
+
+/// Not an error: the compiled graph has no plan for this signature yet.
+const TT_GRAPH_MISS: i32 = 8;
+
 extern "C" {
     pub fn tt_adapter_default_seed(device: i32) -> u64;
 }
@@ -38,6 +59,10 @@ thread_local! {
     static LAST_ERROR: RefCell<CString> = RefCell::new(CString::default());
     /// Results of the last tt_op_run on this thread, and their shapes.
     static RESULTS: RefCell<(Vec<TtResult>, Vec<Vec<i64>>)> = const { RefCell::new((Vec::new(), Vec::new())) };
+    /// Results of the last compiled-graph call or capture on this thread:
+    /// the new storages, the views and what their shapes point into.
+    static GRAPH_RESULTS: RefCell<(Vec<TtResult>, Vec<TtView>, Vec<compiled::View>)> =
+        const { RefCell::new((Vec::new(), Vec::new(), Vec::new())) };
 }
 
 /// Runs `f`, turning errors and panics into a status code and a message.
@@ -315,4 +340,95 @@ pub unsafe extern "C" fn tt_idle(idle: *mut u8) -> i32 {
         *idle = event::idle()? as u8;
         Ok(())
     })
+}
+
+// ---------------------------------------------------------------- compiled graphs
+
+unsafe fn decode_args<'a>(args: *const TtArg, nargs: i64) -> Result<Vec<args::Arg<'a>>> {
+    std::slice::from_raw_parts(args, nargs.max(0) as usize).iter().map(|a| args::decode(a)).collect()
+}
+
+/// Hands new storages and views to the adapter (valid until the next
+/// compiled-graph call on this thread).
+fn graph_results(storages: Vec<Arc<Storage>>, views: Vec<compiled::View>, out: &mut TtGraphResults) {
+    GRAPH_RESULTS.with(|r| {
+        let (results, tt_views, kept) = &mut *r.borrow_mut();
+        results.clear();
+        for s in storages {
+            results.push(TtResult {
+                storage: std::ptr::null_mut(),
+                addr: s.addr,
+                nbytes: s.nbytes,
+                sizes: std::ptr::null(),
+                ndim: 0,
+                dtype: 0,
+                device: s.device as i32,
+            });
+            results.last_mut().unwrap().storage = Storage::into_handle(s);
+        }
+        *kept = views;
+        tt_views.clear();
+        tt_views.extend(kept.iter().map(|v| TtView {
+            source: match v.source {
+                compiled::Source::New(k) => k as i64,
+                compiled::Source::Arg(i) => -1 - i as i64,
+            },
+            sizes: v.sizes.as_ptr(),
+            strides: v.strides.as_ptr(),
+            offset: v.offset,
+            ndim: v.sizes.len() as i32,
+            dtype: v.dtype.to_c10(),
+        }));
+        *out = TtGraphResults {
+            storages: results.as_ptr(),
+            nstorages: results.len() as i64,
+            views: tt_views.as_ptr(),
+            nviews: tt_views.len() as i64,
+        };
+    })
+}
+
+/// Runs compiled graph `graph` on its tensors and numbers; TT_GRAPH_MISS
+/// if it has not been captured for their signature.
+#[no_mangle]
+pub unsafe extern "C" fn tt_graph_call(graph: i64, args: *const TtArg, nargs: i64, out: *mut TtGraphResults) -> i32 {
+    let mut missed = false;
+    let status = guard(|| {
+        match compiled::call(graph as u64, &decode_args(args, nargs)?)? {
+            Some((storages, plan)) => graph_results(storages, plan.views.clone(), &mut *out),
+            None => missed = true,
+        }
+        Ok(())
+    });
+    if missed {
+        TT_GRAPH_MISS
+    } else {
+        status
+    }
+}
+
+/// Starts capturing a compiled graph; returns the placeholders to run it on.
+#[no_mangle]
+pub unsafe extern "C" fn tt_capture_begin(graph: i64, args: *const TtArg, nargs: i64, out: *mut TtGraphResults) -> i32 {
+    guard(|| {
+        let (storages, views) = compiled::begin(graph as u64, &decode_args(args, nargs)?)?;
+        graph_results(storages, views, &mut *out);
+        Ok(())
+    })
+}
+
+/// Ends the capture with the graph's tensor outputs.
+#[no_mangle]
+pub unsafe extern "C" fn tt_capture_end(outputs: *const TtTensor, n: i64) -> i32 {
+    guard(|| {
+        let raw = std::slice::from_raw_parts(outputs, n.max(0) as usize);
+        let tensors: Vec<args::Tensor> =
+            raw.iter().map(|t| args::tensor(t)).collect::<Result<Vec<_>>>()?.into_iter().flatten().collect();
+        compiled::end(&tensors)
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn tt_step_end() -> i32 {
+    guard(compiled::step_end)
 }

@@ -3,9 +3,11 @@
 //! Layers (see docs/ARCHITECTURE.md): the C++ adapter (`csrc/`) calls [`ffi`];
 //! operators are looked up in the [`lower`] table, built as [`ir`] graphs,
 //! printed by [`emit`], compiled once by [`cache`] and run by [`exec`] on the
-//! [`runtime`]'s PJRT client. Tensors' bytes live in [`storage`].
+//! [`runtime`]'s PJRT client. Tensors' bytes live in [`storage`]. Fused mode
+//! records into a [`trace`]; torch.compile's graphs become [`compiled`] plans.
 pub mod args;
 pub mod cache;
+pub mod compiled;
 pub mod dtype;
 pub mod emit;
 pub mod error;

@@ -25,9 +25,16 @@ pub struct Metrics {
     pub donated: AtomicU64,
     pub transfers_to_device: AtomicU64,
     pub transfers_to_host: AtomicU64,
+    /// Compiled graphs registered by the Dynamo backend, their captures
+    /// (one plan per input signature) and calls.
+    pub graphs: AtomicU64,
+    pub graph_captures: AtomicU64,
+    pub graph_calls: AtomicU64,
     /// Nodes of the largest fused program run.
     pub largest_graph: AtomicU64,
     pub fallbacks: Mutex<BTreeMap<String, u64>>,
+    /// Compiled graphs that run op by op, and why.
+    pub eager_graphs: Mutex<BTreeMap<String, String>>,
     /// Fused-mode flushes by reason.
     pub flushes: Mutex<BTreeMap<&'static str, u64>>,
     /// Why recent fused programs missed the cache (the latest last).
@@ -76,6 +83,9 @@ impl Metrics {
             ("transfers_to_device", get(&self.transfers_to_device)),
             ("transfers_to_host", get(&self.transfers_to_host)),
             ("largest_graph", get(&self.largest_graph)),
+            ("compiled_graphs", get(&self.graphs)),
+            ("compiled_graph_captures", get(&self.graph_captures)),
+            ("compiled_graph_calls", get(&self.graph_calls)),
         ]
     }
 
@@ -100,10 +110,14 @@ impl Metrics {
             &self.transfers_to_device,
             &self.transfers_to_host,
             &self.largest_graph,
+            &self.graphs,
+            &self.graph_captures,
+            &self.graph_calls,
         ] {
             c.store(0, Ordering::Relaxed);
         }
         self.fallbacks.lock().unwrap().clear();
+        self.eager_graphs.lock().unwrap().clear();
         self.flushes.lock().unwrap().clear();
         self.recompile_reasons.lock().unwrap().clear();
     }

@@ -6,7 +6,7 @@ use pyo3::types::PyDict;
 
 use crate::error::{Error, Kind};
 use crate::metrics::METRICS;
-use crate::{exec, runtime, storage, trace};
+use crate::{compiled, exec, runtime, storage, trace};
 
 fn py_err(e: Error) -> PyErr {
     match e.kind {
@@ -85,6 +85,7 @@ fn metrics(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
         fallbacks.set_item(op, n)?;
     }
     d.set_item("fallbacks", fallbacks)?;
+    d.set_item("eager_graphs", METRICS.eager_graphs.lock().unwrap().clone().into_pyobject(py)?)?;
     let (storages, buffers) = storage::live_counts();
     d.set_item("live_storages", storages)?;
     d.set_item("live_buffers", buffers)?;
@@ -107,6 +108,29 @@ fn lowered_ops() -> Vec<&'static str> {
     crate::lower::lowered_names()
 }
 
+/// Registers a graph of the Dynamo backend; returns its id.
+#[pyfunction]
+fn graph_new(name: &str) -> u64 {
+    compiled::new(name)
+}
+
+#[pyfunction]
+fn graph_free(id: u64) {
+    compiled::free(id)
+}
+
+/// Notes that compiled graph `name` runs op by op, and why.
+#[pyfunction]
+fn graph_eager(name: &str, reason: &str) {
+    METRICS.eager_graphs.lock().unwrap().insert(name.to_string(), reason.to_string());
+}
+
+/// Abandons the capture in progress (its graph runs op by op instead).
+#[pyfunction]
+fn capture_abort() {
+    compiled::abort()
+}
+
 #[pymodule]
 #[pyo3(name = "_C")]
 fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -122,5 +146,9 @@ fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(metrics, m)?)?;
     m.add_function(wrap_pyfunction!(reset_metrics, m)?)?;
     m.add_function(wrap_pyfunction!(lowered_ops, m)?)?;
+    m.add_function(wrap_pyfunction!(graph_new, m)?)?;
+    m.add_function(wrap_pyfunction!(graph_free, m)?)?;
+    m.add_function(wrap_pyfunction!(capture_abort, m)?)?;
+    m.add_function(wrap_pyfunction!(graph_eager, m)?)?;
     Ok(())
 }

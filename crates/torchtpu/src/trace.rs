@@ -15,6 +15,7 @@
 //! XLA updates it in place. The program is looked up by the trace's structure
 //! and launched without waiting: Python records the next step meanwhile.
 use std::hash::{Hash, Hasher};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Instant;
 
@@ -51,6 +52,8 @@ pub enum Reason {
     /// An event is recorded, a stream queried or memory statistics read: the
     /// work recorded before is issued.
     Query,
+    /// A compiled graph is captured (on its first call with a signature).
+    Capture,
 }
 
 impl Reason {
@@ -66,6 +69,7 @@ impl Reason {
             Reason::Resize => "resize",
             Reason::DataDependent => "data_dependent",
             Reason::Query => "device_query",
+            Reason::Capture => "graph_capture",
         }
     }
 
@@ -81,6 +85,7 @@ impl Reason {
             Reason::Resize,
             Reason::DataDependent,
             Reason::Query,
+            Reason::Capture,
         ]
         .into_iter()
         .find(|r| r.name() == name)
@@ -89,11 +94,18 @@ impl Reason {
 }
 
 /// A data-dependent error of a recorded op: trace nodes of its flag and value.
-struct Check {
-    flag: V,
-    value: Option<V>,
-    kind: Kind,
-    message: String,
+pub struct Check {
+    pub flag: V,
+    pub value: Option<V>,
+    pub kind: Kind,
+    pub message: String,
+}
+
+/// What a trace parameter stands for: a buffer, or (in a capture) an input
+/// of the compiled graph's plan, supplied at each call.
+pub enum Param {
+    Buffer(Arc<DeviceBuffer>),
+    Input(Input),
 }
 
 /// One recorded op, for explaining recompilations.
@@ -104,21 +116,63 @@ struct Record {
 }
 
 #[derive(Default)]
-struct Trace {
-    epoch: u64,
+pub struct Trace {
+    pub epoch: u64,
     device: usize,
-    graph: Graph,
-    /// The buffers behind the graph's parameters, in order.
-    params: Vec<Arc<DeviceBuffer>>,
+    pub graph: Graph,
+    /// What the graph's parameters stand for, in order.
+    pub params: Vec<Param>,
+    /// Recording a compiled graph's plan (see `begin_capture`): nothing may
+    /// flush, and random keys are drawn afresh at each call.
+    capture: bool,
     /// Storage buffers already made parameters (one parameter per buffer:
     /// sharing is part of the program's structure).
     param_of: FxMap<usize, V>,
     pending: Vec<Weak<Pending>>,
-    checks: Vec<Check>,
+    pub checks: Vec<Check>,
     records: Vec<Record>,
 }
 
 static TRACE: Mutex<Option<Trace>> = Mutex::new(None);
+/// The trace of a compiled graph being captured, and whether there is one.
+static CAPTURE: Mutex<Option<Trace>> = Mutex::new(None);
+static CAPTURING: AtomicBool = AtomicBool::new(false);
+/// Epochs are unique across the main trace and captures.
+static EPOCH: AtomicU64 = AtomicU64::new(0);
+
+fn next_epoch() -> u64 {
+    EPOCH.fetch_add(1, Ordering::Relaxed) + 1
+}
+
+pub fn capturing() -> bool {
+    CAPTURING.load(Ordering::Relaxed)
+}
+
+/// Starts capturing a compiled graph: what was recorded so far runs, and
+/// ops record into a trace of their own until `end_capture`.
+pub fn begin_capture(device: usize) -> Result<()> {
+    flush(Reason::Capture)?;
+    let t = Trace { epoch: next_epoch(), device, capture: true, ..Trace::default() };
+    *CAPTURE.lock().unwrap() = Some(t);
+    CAPTURING.store(true, Ordering::Relaxed);
+    Ok(())
+}
+
+/// A parameter of the capture standing for `input`: the value of a
+/// placeholder storage.
+pub fn placeholder(ty: crate::ir::Ty, input: Input) -> Result<Arc<Pending>> {
+    let mut guard = CAPTURE.lock().unwrap();
+    let t = guard.as_mut().ok_or_else(|| Error::runtime("torchtpu: no graph is being captured"))?;
+    let node = t.graph.param(ty.clone());
+    t.params.push(Param::Input(input));
+    Ok(Pending::new(t.epoch, node, ty))
+}
+
+/// The captured trace (None if no capture was running).
+pub fn end_capture() -> Option<Trace> {
+    CAPTURING.store(false, Ordering::Relaxed);
+    CAPTURE.lock().unwrap().take()
+}
 
 /// Checks of programs already launched, verified where the host waits anyway.
 static LAUNCHED_CHECKS: Mutex<Vec<(Arc<DeviceBuffer>, Option<Arc<DeviceBuffer>>, Kind, String)>> =
@@ -138,16 +192,30 @@ fn logging() -> bool {
 impl Trace {
     fn param(&mut self, buf: Arc<DeviceBuffer>) -> V {
         let v = self.graph.param(buf.ty.clone());
-        self.params.push(buf);
+        self.params.push(Param::Buffer(buf));
         v
     }
 
+    /// The buffer of parameter `n` (every parameter of a trace that runs is one).
+    fn buffer(&self, n: usize) -> &Arc<DeviceBuffer> {
+        match &self.params[n] {
+            Param::Buffer(b) => b,
+            Param::Input(_) => unreachable!("a captured graph's trace is never run"),
+        }
+    }
+
     /// The trace node of a plan input.
-    fn operand(&mut self, input: &Input, args: &[Arg], device: usize) -> Result<V> {
+    fn operand(&mut self, plan: &Plan, input: &Input, args: &[Arg], device: usize) -> Result<V> {
+        if self.capture && matches!(input, Input::Seed { .. }) {
+            // A compiled graph draws fresh random numbers at every call.
+            let v = self.graph.param(crate::ir::Ty::new(crate::dtype::DType::U64, &[2]));
+            self.params.push(Param::Input(Input::Seed { arg: None }));
+            return Ok(v);
+        }
         let Input::Storage { arg, item } = *input else {
             // Numbers, host scalars and random keys: always a parameter of
             // their own, so that equal values never change the structure.
-            return Ok(self.param(exec::input(input, args, device)?));
+            return Ok(self.param(exec::input(plan, input, args, device)?));
         };
         let storage = exec::tensor_at(args, arg, item)?.storage;
         let value =
@@ -174,7 +242,7 @@ impl Trace {
 pub fn record(plan: &Arc<Plan>, args: &[Arg], device: usize) -> Result<Vec<Value>> {
     // Before locking: this takes the GIL, which an op's caller may hold.
     let source = if logging() { source_line() } else { None };
-    let mut guard = TRACE.lock().unwrap();
+    let mut guard = if capturing() { CAPTURE.lock().unwrap() } else { TRACE.lock().unwrap() };
     if guard.as_ref().is_some_and(|t| t.device != device && !t.records.is_empty()) {
         flush_locked(&mut guard, Reason::Device)?;
     }
@@ -184,7 +252,7 @@ pub fn record(plan: &Arc<Plan>, args: &[Arg], device: usize) -> Result<Vec<Value
     let mut map: Vec<V> = Vec::with_capacity(g.nodes.len());
     for node in &g.nodes {
         let v = match node.op {
-            Op::Param(n) => t.operand(&plan.inputs[n], args, device)?,
+            Op::Param(n) => t.operand(plan, &plan.inputs[n], args, device)?,
             _ => {
                 let node_args = node.args.iter().map(|&a| map[a]).collect();
                 t.graph.push(node.op.clone(), node_args, node.ty.clone())
@@ -208,7 +276,7 @@ pub fn record(plan: &Arc<Plan>, args: &[Arg], device: usize) -> Result<Vec<Value
         t.checks.push(Check { flag, value, kind: c.kind, message: c.message.clone() });
     }
     t.records.push(Record { plan: plan.clone(), source });
-    if t.graph.nodes.len() > size_limit() {
+    if t.graph.nodes.len() > size_limit() && !t.capture {
         flush_locked(&mut guard, Reason::Size)?;
     }
     Ok(results)
@@ -216,7 +284,16 @@ pub fn record(plan: &Arc<Plan>, args: &[Arg], device: usize) -> Result<Vec<Value
 
 /// Runs everything recorded so far (without waiting for it).
 pub fn flush(reason: Reason) -> Result<()> {
+    if capturing() {
+        return Err(uncapturable(reason));
+    }
     flush_locked(&mut TRACE.lock().unwrap(), reason)
+}
+
+/// Why a compiled graph cannot be one program: something in it needs a
+/// flush (the host reads a value, an op runs on the CPU, ...).
+fn uncapturable(reason: Reason) -> Error {
+    Error::runtime(format!("torchtpu: this graph cannot run as one program (it needs a flush: {})", reason.name()))
 }
 
 fn flush_locked(slot: &mut Option<Trace>, reason: Reason) -> Result<()> {
@@ -226,7 +303,10 @@ fn flush_locked(slot: &mut Option<Trace>, reason: Reason) -> Result<()> {
     if t.records.is_empty() {
         return Ok(());
     }
-    let next = Trace { epoch: t.epoch + 1, ..Trace::default() };
+    if t.capture {
+        return Err(uncapturable(reason));
+    }
+    let next = Trace { epoch: next_epoch(), ..Trace::default() };
     let trace = std::mem::replace(t, next);
     *METRICS.flushes.lock().unwrap().entry(reason.name()).or_insert(0) += 1;
     let live: Vec<Arc<Pending>> = trace.pending.iter().filter_map(Weak::upgrade).collect();
@@ -255,11 +335,12 @@ enum Source {
     Param(usize),
 }
 
-fn lower_trace(trace: &Trace, live: &[Arc<Pending>]) -> Lowered {
-    let nodes = &trace.graph.nodes;
+/// The part of `graph` that `roots` need, simplified: the new graph, the
+/// original parameter index of each of its parameters, and where each
+/// original node went (`usize::MAX`: dropped). Its outputs are left empty.
+pub fn prune(graph: &Graph, roots: impl Iterator<Item = V>) -> (Graph, Vec<usize>, Vec<V>) {
+    let nodes = &graph.nodes;
     let mut used = vec![false; nodes.len()];
-    let roots =
-        live.iter().map(|p| p.node).chain(trace.checks.iter().flat_map(|c| std::iter::once(c.flag).chain(c.value)));
     for v in roots {
         used[v] = true;
     }
@@ -282,6 +363,14 @@ fn lower_trace(trace: &Trace, live: &[Arc<Pending>]) -> Lowered {
             _ => simplify::push(&mut g, node.op.clone(), node.args.iter().map(|&a| map[a]).collect(), node.ty.clone()),
         };
     }
+    (g, params, map)
+}
+
+fn lower_trace(trace: &Trace, live: &[Arc<Pending>]) -> Lowered {
+    let nodes = &trace.graph.nodes;
+    let roots =
+        live.iter().map(|p| p.node).chain(trace.checks.iter().flat_map(|c| std::iter::once(c.flag).chain(c.value)));
+    let (mut g, params, map) = prune(&trace.graph, roots);
     let output = |g: &mut Graph, v: V| {
         g.outputs.push(map[v]);
         g.outputs.len() - 1
@@ -308,11 +397,11 @@ fn lower_trace(trace: &Trace, live: &[Arc<Pending>]) -> Lowered {
         .filter(|&k| {
             let n = params[k];
             let passed = sources.iter().any(|s| matches!(s, Source::Param(m) if *m == n));
-            !passed && Arc::strong_count(&trace.params[n]) == 1
+            !passed && Arc::strong_count(trace.buffer(n)) == 1
         })
         .collect();
     let param_of: FxMap<usize, usize> =
-        donatable.iter().map(|&k| (Arc::as_ptr(&trace.params[params[k]]) as usize, k)).collect();
+        donatable.iter().map(|&k| (Arc::as_ptr(trace.buffer(params[k])) as usize, k)).collect();
     for (p, source) in live.iter().zip(&sources) {
         if let (Some(addr), Source::Output(o)) = (p.replaces.get(), source) {
             if let Some(&k) = param_of.get(addr) {
@@ -424,7 +513,7 @@ fn run(trace: Trace, live: &[Arc<Pending>]) -> Result<()> {
     let lowered = lower_trace(&trace, live);
     for (p, s) in live.iter().zip(&lowered.sources) {
         if let Source::Param(n) = s {
-            let _ = p.result.set(Ok(trace.params[*n].clone()));
+            let _ = p.result.set(Ok(trace.buffer(*n).clone()));
         }
     }
     if lowered.graph.outputs.is_empty() {
@@ -432,7 +521,7 @@ fn run(trace: Trace, live: &[Arc<Pending>]) -> Result<()> {
     }
     let program = program(&trace, &lowered.graph)?;
     let rt = runtime::get()?;
-    let args: Vec<&pjrt::Buffer> = lowered.params.iter().map(|&n| &*trace.params[n].buf).collect();
+    let args: Vec<&pjrt::Buffer> = lowered.params.iter().map(|&n| &*trace.buffer(n).buf).collect();
     let kept: Vec<i64> = (0..args.len()).filter(|&k| lowered.graph.donors[k].is_none()).map(|k| k as i64).collect();
     add(&METRICS.donated, (args.len() - kept.len()) as u64);
     METRICS.largest_graph.fetch_max(lowered.graph.nodes.len() as u64, std::sync::atomic::Ordering::Relaxed);

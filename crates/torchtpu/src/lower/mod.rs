@@ -223,6 +223,8 @@ pub enum Input {
     /// A u64[2] random key: drawn from the `Generator?` argument, or from
     /// the default generator when `arg` is None.
     Seed { arg: Option<usize> },
+    /// A buffer the plan holds (a compiled graph's constant tensors).
+    Constant(usize),
 }
 
 /// A data-dependent error: see [`Cx::check`].
