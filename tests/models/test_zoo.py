@@ -172,15 +172,17 @@ def _move(batch, device):
     return {k: v.to(device) for k, v in batch.items()}
 
 
-def _train(model, batches, loss_fn, optimizer, device, on_step=None):
+def _train(model, batches, loss_fn, optimizer, device, on_step=None, compile=False):
     opt = optimizer(model.parameters())
+    step_fn = torch.compile(opt.step) if compile else opt.step
+    model = torch.compile(model) if compile else model
     losses = []
     for step, batch in enumerate(batches):
         batch = _move(batch, device)
         opt.zero_grad()
         loss = loss_fn(model, batch)
         loss.backward()
-        opt.step()
+        step_fn()
         losses.append(loss.item())
         if on_step:
             on_step(step)
@@ -253,3 +255,19 @@ def test_model_trains_as_on_cpu(name, eager):
     if generative and not torch.equal(tokens, cpu_tokens):
         problems.append(f"greedy tokens {tokens.tolist()} != CPU's {cpu_tokens.tolist()}")
     assert not problems, "\n".join(problems)
+
+
+@pytest.mark.parametrize("name", ["gpt2", "llama", "bert_mlm", "resnet18"])
+def test_model_trains_compiled_as_on_cpu(name):
+    """torch.compile of the model and of the optimizer's step (fused mode):
+    CPU eager's losses, nothing on the CPU, every graph one program."""
+    torch._dynamo.reset()
+    initial, batches, cpu_losses, _ = _reference(name)
+    _, _, loss_fn, optimizer, _ = MODELS[name]
+    model = copy.deepcopy(initial).to("tpu")
+    torchtpu.reset_metrics()
+    losses = _train(model, batches, loss_fn, optimizer, "tpu", compile=True)
+    metrics = torchtpu.metrics()
+    torch.testing.assert_close(torch.tensor(losses), torch.tensor(cpu_losses), rtol=1e-4, atol=1e-5)
+    assert metrics["fallbacks"] == {} and metrics["eager_graphs"] == {}, metrics["eager_graphs"]
+    assert metrics["compiled_graph_captures"] == metrics["compiled_graphs"] > 0
