@@ -241,3 +241,28 @@ def test_second_process_compiles_no_graph(tmp_path):
     dumped = {p.name.split("-")[0]: p.read_text() for p in dump.glob("compiled_graph_*.mlir")}
     assert len(dumped) == 3, os.listdir(dump)
     assert "stablehlo.dot_general" in dumped["compiled_graph_forward_0"]
+
+
+def test_modes_and_module_compile():
+    """Inductor's modes and Dynamo's options are accepted (every graph is
+    one program, which is what "reduce-overhead" asks for), in debug mode
+    too; `model.compile()` compiles in place."""
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.GELU())
+    x = torch.randn(2, 4)
+    expected = net(x).detach()
+    net.to("tpu")
+    with torchtpu.mode("debug"):
+        for options in [dict(mode="reduce-overhead"), dict(mode="max-autotune"), dict(fullgraph=True),
+                        dict(dynamic=True)]:
+            torch._dynamo.reset()
+            torch.testing.assert_close(torch.compile(net, **options)(x.to("tpu")).detach().cpu(), expected)
+        net.compile()
+        torch.testing.assert_close(net(x.to("tpu")).detach().cpu(), expected)
+    assert compiled_metrics()["eager_graphs"] == {}
+
+
+def test_cpu_graphs_keep_inductor():
+    f = torch.compile(lambda x: (x.sin() + 1).sum())
+    torch.testing.assert_close(f(torch.ones(8)), (torch.ones(8).sin() + 1).sum())
+    assert compiled_metrics()["compiled_graphs"] == 0
