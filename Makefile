@@ -45,6 +45,7 @@ bench: build $(VENV)/.models-installed
 	$(PY) bench/dispatch.py
 	$(PY) bench/training.py
 	$(PY) bench/conv.py
+	$(PY) bench/compile.py
 
 clean:
 	rm -rf target $(VENV)

@@ -161,6 +161,9 @@ class Graph:
             self.eager = str(e)
             _C.graph_eager(self.name, self.eager)
             return None
+        except BaseException:  # an interrupt: the next call captures again
+            _C.capture_abort()
+            raise
         return torch.ops.torchtpu.graph_call(self.id, tensors, numbers)
 
 
