@@ -24,7 +24,7 @@ use crate::cache::{self, Program};
 use crate::error::{Error, Kind, Result};
 use crate::exec::{self, FxHasher, FxMap, Plan};
 use crate::ir::{Graph, Op, V};
-use crate::lower::Input;
+use crate::lower::{Check, Input};
 use crate::metrics::{add, bump, METRICS};
 use crate::runtime;
 use crate::simplify;
@@ -93,14 +93,6 @@ impl Reason {
     }
 }
 
-/// A data-dependent error of a recorded op: trace nodes of its flag and value.
-pub struct Check {
-    pub flag: V,
-    pub value: Option<V>,
-    pub kind: Kind,
-    pub message: String,
-}
-
 /// What a trace parameter stands for: a buffer, or (in a capture) an input
 /// of the compiled graph's plan, supplied at each call.
 pub enum Param {
@@ -129,6 +121,7 @@ pub struct Trace {
     /// sharing is part of the program's structure).
     param_of: FxMap<usize, V>,
     pending: Vec<Weak<Pending>>,
+    /// Data-dependent errors of recorded ops, as trace nodes.
     pub checks: Vec<Check>,
     records: Vec<Record>,
 }
