@@ -138,6 +138,20 @@ def test_events():
     assert torch.isfinite(x).all()
 
 
+def test_waits_cover_computations_whose_outputs_were_dropped():
+    """A loop that discards its results (a benchmark's) is still waited for."""
+    x = torch.randn(1536, 1536, device="tpu")
+    with torchtpu.mode("strict"):  # fused mode would prune work nobody reads
+        torch.tpu.synchronize()
+        for _ in range(4):
+            x @ x  # dropped at once
+        end = torch.tpu.Event()
+        end.record()
+        assert not end.query()  # about 19 GFLOP are still running
+        torch.tpu.synchronize()
+        assert end.query() and torch.tpu.current_stream().query()
+
+
 def test_pinned_memory():
     x = torch.randn(4, 3)
     assert not x.is_pinned()

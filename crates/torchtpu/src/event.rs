@@ -2,7 +2,8 @@
 //! semantics (`torch.Event`, `torch.tpu.Event`). Every tpu stream maps onto
 //! that queue, so an event stands for all the work issued before it was
 //! recorded: recording runs what fused mode has recorded and watches every
-//! buffer not yet computed; the event completes when the last one is ready,
+//! computation issued since the last synchronize (whether or not its outputs
+//! are still alive); the event completes when the last one is done,
 //! and the time it did is kept for `elapsed_time`.
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -19,7 +20,7 @@ pub struct Event {
     done_at: OnceLock<Instant>,
     error: Mutex<Option<String>>,
     /// The plugin's events the callbacks hang on, kept until this is dropped.
-    watched: Mutex<Vec<pjrt::Event>>,
+    watched: Mutex<Vec<Arc<pjrt::Event>>>,
 }
 
 impl Event {
@@ -68,16 +69,15 @@ impl Event {
 /// Records an event after all work issued so far (and recorded in fused mode).
 pub fn record(timing: bool) -> Result<Arc<Event>> {
     trace::flush(Reason::Query)?;
-    let buffers = exec::issued();
+    let issued = exec::issued();
     let event = Arc::new(Event {
         timing,
-        remaining: AtomicUsize::new(buffers.len() + 1),
+        remaining: AtomicUsize::new(issued.len() + 1),
         done_at: OnceLock::new(),
         error: Mutex::new(None),
-        watched: Mutex::new(Vec::with_capacity(buffers.len())),
+        watched: Mutex::new(Vec::with_capacity(issued.len())),
     });
-    for b in &buffers {
-        let ready = b.buf.ready_event()?;
+    for ready in issued {
         let e = event.clone();
         if let Err(err) = ready.on_ready(move |status| e.finish(status)) {
             event.finish(Err(err));
@@ -91,8 +91,8 @@ pub fn record(timing: bool) -> Result<Arc<Event>> {
 /// Whether all work issued so far is done (`Stream.query()`).
 pub fn idle() -> Result<bool> {
     trace::flush(Reason::Query)?;
-    for b in exec::issued() {
-        if !b.buf.ready_event()?.is_ready()? {
+    for e in exec::issued() {
+        if !e.is_ready()? {
             return Ok(false);
         }
     }

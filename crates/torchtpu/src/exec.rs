@@ -409,21 +409,28 @@ pub fn input(plan: &Plan, input: &Input, args: &[Arg], device: usize) -> Result<
 
 // ------------------------------------------------------------------ execution
 
-/// Buffers produced since the last synchronize, for `synchronize`.
-static PENDING: Mutex<Vec<Weak<DeviceBuffer>>> = Mutex::new(Vec::new());
+/// One completion event per computation issued since the last synchronize,
+/// for `synchronize` and events. Kept even when the computation's outputs are
+/// dropped: a loop that discards its results must still be waited for.
+static PENDING: Mutex<Vec<Arc<pjrt::Event>>> = Mutex::new(Vec::new());
 
-pub fn track(buffers: &[Arc<DeviceBuffer>]) {
+/// Remembers the computation that produces `outputs` (all of one execute,
+/// ready together) until it is waited for.
+pub fn track(outputs: &[Arc<DeviceBuffer>]) -> Result<()> {
+    let Some(first) = outputs.first() else { return Ok(()) };
+    let ready = first.buf.ready_event()?;
     let mut pending = PENDING.lock().unwrap();
     if pending.len() > 4096 {
-        pending.retain(|w| w.strong_count() > 0);
+        pending.retain(|e| !e.is_ready().unwrap_or(true));
     }
-    pending.extend(buffers.iter().map(Arc::downgrade));
+    pending.push(Arc::new(ready));
+    Ok(())
 }
 
-/// The buffers issued since the last synchronize that are still alive: what
-/// an event recorded now waits for.
-pub fn issued() -> Vec<Arc<DeviceBuffer>> {
-    PENDING.lock().unwrap().iter().filter_map(Weak::upgrade).collect()
+/// The computations issued since the last synchronize: what an event
+/// recorded now waits for.
+pub fn issued() -> Vec<Arc<pjrt::Event>> {
+    PENDING.lock().unwrap().clone()
 }
 
 /// Runs what fused mode recorded and waits for every computation issued so far.
@@ -431,8 +438,8 @@ pub fn synchronize() -> Result<()> {
     trace::flush(Reason::Synchronize)?;
     trace::verify_checks()?;
     let pending = std::mem::take(&mut *PENDING.lock().unwrap());
-    for b in pending.iter().filter_map(Weak::upgrade) {
-        b.buf.await_ready()?;
+    for e in pending {
+        e.await_ready()?;
     }
     Ok(())
 }
@@ -484,7 +491,7 @@ fn execute(plan: &Plan, what: &str, args: &[Arg], device: usize) -> Result<Vec<A
             check_finite(&outs, what, device)?;
         }
     } else {
-        track(&outs);
+        track(&outs)?;
     }
     Ok(outs)
 }

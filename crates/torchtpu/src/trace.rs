@@ -530,7 +530,7 @@ fn run(trace: Trace, live: &[Arc<Pending>]) -> Result<()> {
         .zip(&lowered.graph.outputs)
         .map(|(b, &v)| DeviceBuffer::new(b, lowered.graph.ty(v).clone(), trace.device))
         .collect();
-    exec::track(&outs);
+    exec::track(&outs)?;
     for (p, s) in live.iter().zip(&lowered.sources) {
         if let Source::Output(o) = s {
             let _ = p.result.set(Ok(outs[*o].clone()));
