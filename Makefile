@@ -20,6 +20,12 @@ $(VENV)/.models-installed: requirements-models.txt $(VENV)/.installed
 	$(VENV)/bin/pip check
 	touch $@
 
+# JAX, for custom kernels (tests/test_kernels.py); optional at run time.
+$(VENV)/.kernels-installed: requirements-kernels.txt $(VENV)/.installed
+	$(VENV)/bin/pip install -q -r requirements-kernels.txt
+	$(VENV)/bin/pip check
+	touch $@
+
 # The extension (Rust core + C++ adapter) installed into the virtualenv.
 build: $(VENV)/.installed
 	$(VENV)/bin/maturin develop --release -q
@@ -27,7 +33,7 @@ build: $(VENV)/.installed
 demo: build
 	$(PY) examples/train_mlp.py
 
-test: build $(VENV)/.models-installed
+test: build $(VENV)/.models-installed $(VENV)/.kernels-installed
 	TORCHTPU_PJRT_PLUGIN=$$($(PY) -c "import torchtpu._plugin as p; print(p.find_plugin()[0])") \
 		cargo test -q --workspace
 	$(PY) -m pytest -q tests --durations=25
@@ -40,8 +46,7 @@ conformance: build
 	$(PY) -m torchtpu.coverage --results build/conformance.json --markdown docs/COVERAGE.md; \
 	exit $${status:-0}
 
-bench: build $(VENV)/.models-installed
-	$(VENV)/bin/pip install -q -r bench/requirements.txt
+bench: build $(VENV)/.models-installed $(VENV)/.kernels-installed
 	$(PY) bench/dispatch.py
 	$(PY) bench/training.py
 	$(PY) bench/conv.py

@@ -4,7 +4,7 @@ the MLP step written in JAX and jitted whole on XLA's CPU backend (the floor
 for fused mode). First-step time includes compilation (an empty disk cache
 unless TORCHTPU_CACHE_DIR points at a warm one).
 
-    make bench        (installs bench/requirements.txt, runs every benchmark)
+    make bench        (installs requirements-kernels.txt: JAX; runs every benchmark)
 """
 import os
 import subprocess

@@ -69,6 +69,11 @@ impl Client {
         Ok(Client { inner: Arc::new(inner) })
     }
 
+    /// The plugin this client runs on.
+    pub fn api(&self) -> &'static Api {
+        self.inner.api
+    }
+
     /// The platform, e.g. `"cpu"`, `"cuda"` or `"tpu"`.
     pub fn platform_name(&self) -> &str {
         &self.inner.platform_name

@@ -136,6 +136,14 @@ impl DType {
         }
     }
 
+    /// From an MLIR element type (complex32 has none of its own).
+    pub fn from_mlir(name: &str) -> Result<DType> {
+        [Bool, U8, I8, I16, I32, I64, F16, BF16, F32, F64, U32, U64, C64, C128]
+            .into_iter()
+            .find(|d| d.mlir() == name)
+            .ok_or_else(|| Error::type_error(format!("tpu has no dtype for the element type {name}")))
+    }
+
     pub fn element_type(self) -> pjrt::ElementType {
         use pjrt::ElementType as E;
         match self {

@@ -120,6 +120,7 @@ impl Emitter<'_> {
             Op::ArgReduce { .. } | Op::RngBits => format!("%v{v}#1"),
             Op::Sort { result, .. } => format!("%v{v}#{result}"),
             Op::CustomCall { results, .. } if results.len() > 1 => format!("%v{v}#0"),
+            Op::Call(k) if k.outputs.len() > 1 => format!("%v{v}#0"),
             Op::Result(n) => format!("%v{}#{n}", self.g.nodes[v].args[0]),
             _ => format!("%v{v}"),
         }
@@ -289,6 +290,20 @@ impl Emitter<'_> {
                     self.out,
                     "    %v{v}{count} = \"stablehlo.custom_call\"({}) {{call_target_name = \"{target}\", backend_config = \"{config}\"}} : ({}) -> ({})",
                     args.join(", "),
+                    types.join(", "),
+                    outs.join(", ")
+                );
+            }
+            Op::Call(kernel) => {
+                let args: Vec<String> = node.args.iter().map(|&a| self.name(a)).collect();
+                let types: Vec<String> = node.args.iter().map(|&a| self.ty(a)).collect();
+                let outs: Vec<String> = kernel.outputs.iter().map(tensor).collect();
+                let count = if outs.len() > 1 { format!(":{}", outs.len()) } else { String::new() };
+                let _ = writeln!(
+                    self.out,
+                    "    %v{v}{count} = \"func.call\"({}) {{callee = @{}}} : ({}) -> ({})",
+                    args.join(", "),
+                    kernel.entry,
                     types.join(", "),
                     outs.join(", ")
                 );
@@ -517,6 +532,18 @@ pub fn emit(g: &Graph) -> String {
         }
     }
     let names: Vec<String> = g.outputs.iter().map(|&v| e.name(v)).collect();
-    let _ = writeln!(e.out, "    \"func.return\"({}) : ({}) -> ()\n  }}\n}}", names.join(", "), results.join(", "));
+    let _ = writeln!(e.out, "    \"func.return\"({}) : ({}) -> ()\n  }}", names.join(", "), results.join(", "));
+    // The functions of the external kernels called, each once.
+    let mut kernels: Vec<&str> = Vec::new();
+    for (v, node) in g.nodes.iter().enumerate() {
+        if let (true, Op::Call(k)) = (live[v], &node.op) {
+            if !kernels.contains(&k.entry.as_str()) {
+                kernels.push(&k.entry);
+                e.out.push_str(&k.functions);
+                e.out.push('\n');
+            }
+        }
+    }
+    e.out.push_str("}\n");
     e.out
 }

@@ -161,6 +161,9 @@ pub enum Op {
         config: String,
         results: Vec<Ty>,
     },
+    /// A call of an external kernel's entry function (`kernel.rs`); the
+    /// node is its first result, [`Op::Result`] nodes the others.
+    Call(std::sync::Arc<crate::kernel::Kernel>),
     /// Result n of the multi-result node that is its argument.
     Result(usize),
 }
@@ -503,6 +506,14 @@ impl Graph {
     pub fn custom_call(&mut self, target: &'static str, config: &str, args: &[V], results: &[Ty]) -> Vec<V> {
         let op = Op::CustomCall { target, config: config.into(), results: results.to_vec() };
         let call = self.push(op, args.to_vec(), results[0].clone());
+        let rest = (1..results.len()).map(|n| self.push(Op::Result(n), vec![call], results[n].clone()));
+        std::iter::once(call).chain(rest.collect::<Vec<_>>()).collect()
+    }
+
+    /// The results of a call of `kernel` (see [`Op::Call`]).
+    pub fn call(&mut self, kernel: &std::sync::Arc<crate::kernel::Kernel>, args: &[V]) -> Vec<V> {
+        let results = &kernel.outputs;
+        let call = self.push(Op::Call(kernel.clone()), args.to_vec(), results[0].clone());
         let rest = (1..results.len()).map(|n| self.push(Op::Result(n), vec![call], results[n].clone()));
         std::iter::once(call).chain(rest.collect::<Vec<_>>()).collect()
     }

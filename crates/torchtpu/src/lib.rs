@@ -4,7 +4,8 @@
 //! operators are looked up in the [`lower`] table, built as [`ir`] graphs,
 //! printed by [`emit`], compiled once by [`cache`] and run by [`exec`] on the
 //! [`runtime`]'s PJRT client. Tensors' bytes live in [`storage`]. Fused mode
-//! records into a [`trace`]; torch.compile's graphs become [`compiled`] plans.
+//! records into a [`trace`]; torch.compile's graphs become [`compiled`] plans;
+//! JAX and Pallas kernels are [`kernel`]s called from programs.
 pub mod args;
 pub mod cache;
 pub mod compiled;
@@ -15,6 +16,7 @@ pub mod event;
 pub mod exec;
 pub mod ffi;
 pub mod ir;
+pub mod kernel;
 pub mod lower;
 pub mod memory;
 pub mod metrics;

@@ -30,6 +30,8 @@ pub struct Metrics {
     pub graphs: AtomicU64,
     pub graph_captures: AtomicU64,
     pub graph_calls: AtomicU64,
+    /// External kernels registered (one per kernel and input signature).
+    pub kernels: AtomicU64,
     /// Nodes of the largest fused program run.
     pub largest_graph: AtomicU64,
     pub fallbacks: Mutex<BTreeMap<String, u64>>,
@@ -86,6 +88,7 @@ impl Metrics {
             ("compiled_graphs", get(&self.graphs)),
             ("compiled_graph_captures", get(&self.graph_captures)),
             ("compiled_graph_calls", get(&self.graph_calls)),
+            ("kernels", get(&self.kernels)),
         ]
     }
 
@@ -113,6 +116,7 @@ impl Metrics {
             &self.graphs,
             &self.graph_captures,
             &self.graph_calls,
+            &self.kernels,
         ] {
             c.store(0, Ordering::Relaxed);
         }

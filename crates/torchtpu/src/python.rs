@@ -4,9 +4,11 @@ use pyo3::exceptions::{PyIndexError, PyNotImplementedError, PyRuntimeError, PyTy
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
+use crate::dtype::DType;
 use crate::error::{Error, Kind};
+use crate::ir::Ty;
 use crate::metrics::METRICS;
-use crate::{compiled, exec, runtime, storage, trace};
+use crate::{compiled, exec, kernel, runtime, storage, trace};
 
 fn py_err(e: Error) -> PyErr {
     match e.kind {
@@ -131,6 +133,39 @@ fn capture_abort() {
     compiled::abort()
 }
 
+/// The plugin's platform ("cpu", "cuda", "tpu") and the StableHLO version
+/// it reads ("1.13.3"; None if it does not say).
+#[pyfunction]
+fn platform() -> PyResult<(String, Option<String>)> {
+    let rt = runtime::get().map_err(py_err)?;
+    let version = rt.client.api().attributes().iter().find_map(|(k, v)| match (k.as_str(), v) {
+        ("stablehlo_current_version", pjrt::NamedValue::Int64List(v)) => {
+            Some(v.iter().map(|x| x.to_string()).collect::<Vec<_>>().join("."))
+        }
+        _ => None,
+    });
+    Ok((rt.client.platform_name().to_string(), version))
+}
+
+type Avals = Vec<(String, Vec<i64>)>;
+
+/// Registers a kernel lowered by the front end: its private functions, the
+/// entry's symbol and its (element type, shape) inputs and outputs.
+#[pyfunction]
+fn kernel_register(name: &str, entry: &str, functions: String, inputs: Avals, outputs: Avals) -> PyResult<i64> {
+    let types = |avals: Avals| -> crate::error::Result<Vec<Ty>> {
+        avals.into_iter().map(|(dtype, shape)| Ok(Ty::new(DType::from_mlir(&dtype)?, &shape))).collect()
+    };
+    let kernel = kernel::Kernel {
+        name: name.to_string(),
+        entry: entry.to_string(),
+        functions,
+        inputs: types(inputs).map_err(py_err)?,
+        outputs: types(outputs).map_err(py_err)?,
+    };
+    kernel::register(kernel).map_err(py_err)
+}
+
 #[pymodule]
 #[pyo3(name = "_C")]
 fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -150,5 +185,7 @@ fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(graph_free, m)?)?;
     m.add_function(wrap_pyfunction!(capture_abort, m)?)?;
     m.add_function(wrap_pyfunction!(graph_eager, m)?)?;
+    m.add_function(wrap_pyfunction!(platform, m)?)?;
+    m.add_function(wrap_pyfunction!(kernel_register, m)?)?;
     Ok(())
 }

@@ -33,6 +33,7 @@ mod fft;
 mod fold;
 mod grid;
 mod index;
+mod kernel;
 mod linalg;
 mod loss;
 mod nn;
@@ -103,6 +104,7 @@ fn table() -> impl Iterator<Item = &'static Entry> {
         fold::ENTRIES,
         grid::ENTRIES,
         index::ENTRIES,
+        kernel::ENTRIES,
         linalg::ENTRIES,
         loss::ENTRIES,
         nn::ENTRIES,
@@ -158,7 +160,8 @@ static OPS: RwLock<Vec<&'static OpDef>> = RwLock::new(Vec::new());
 
 /// Registers an overload; None when nothing lowers it (CPU fallback).
 pub fn register(name: &str, overload: &str, args: Vec<ArgDef>, inplace: bool) -> Option<i32> {
-    let base = name.strip_prefix("aten::")?;
+    // aten operators by base name; torchtpu's own (`torchtpu::kernel`) by full name.
+    let base = name.strip_prefix("aten::").or(name.starts_with("torchtpu::").then_some(name))?;
     let base = if inplace { base.strip_suffix('_').unwrap_or(base) } else { base };
     let entry = table().find(|e| e.name == base)?;
     let mut args = args;

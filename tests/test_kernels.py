@@ -1,0 +1,209 @@
+"""Custom JAX and Pallas kernels (torchtpu.pallas) against the same math in
+torch on CPU: eager modes, autograd, torch.compile, fusion, errors."""
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import torchtpu
+
+jax = pytest.importorskip("jax")
+jnp = jax.numpy
+import torchtpu.pallas as tp  # noqa: E402
+from jax.experimental import pallas as pl  # noqa: E402
+
+
+@tp.custom_jax_kernel
+def relu(x):
+    return jax.nn.relu(x)
+
+
+def _softmax_body(x_ref, o_ref):
+    x = x_ref[...]
+    e = jnp.exp(x - jnp.max(x, axis=-1, keepdims=True))
+    o_ref[...] = e / jnp.sum(e, axis=-1, keepdims=True)
+
+
+@tp.custom_jax_kernel
+def softmax(x):
+    return pl.pallas_call(_softmax_body, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype))(x)
+
+
+def _rms_body(x_ref, w_ref, o_ref):
+    x = x_ref[...]
+    o_ref[...] = x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + 1e-6) * w_ref[...]
+
+
+def _rms_pallas(x, w):
+    return pl.pallas_call(_rms_body, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype))(x, w)
+
+
+@jax.custom_vjp
+def _rms(x, w):
+    return _rms_pallas(x, w)
+
+
+def _rms_fwd(x, w):
+    return _rms_pallas(x, w), (x, w)
+
+
+def _rms_bwd(res, g):  # a backward of one's own, as jax.custom_vjp gives it
+    x, w = res
+    r = jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + 1e-6)
+    gw = (g * x * r).reshape(-1, x.shape[-1]).sum(0)
+    gx = r * (g * w) - x * r**3 * jnp.mean(g * w * x, axis=-1, keepdims=True)
+    return gx, gw
+
+
+_rms.defvjp(_rms_fwd, _rms_bwd)
+rms_norm = tp.custom_jax_kernel(_rms, name="rms_norm")
+
+
+def torch_rms_norm(x, w):
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w
+
+
+def test_kernels_equal_torch_in_every_mode(mode):
+    x = torch.randn(16, 128)
+    assert torch.equal(relu(x.to("tpu")).cpu(), torch.relu(x))
+    torch.testing.assert_close(softmax(x.to("tpu")).cpu(), torch.softmax(x, -1))
+    w = torch.randn(128)
+    torch.testing.assert_close(rms_norm(x.to("tpu"), w.to("tpu")).cpu(), torch_rms_norm(x, w))
+
+
+def test_gradients_from_jax_vjp_and_from_custom_vjp(mode):
+    x, w = torch.randn(8, 64), torch.randn(64)
+    xt, wt = x.to("tpu").requires_grad_(), w.to("tpu").requires_grad_()
+    xc, wc = x.clone().requires_grad_(), w.clone().requires_grad_()
+    g = torch.randn(8, 64)
+    (rms_norm(xt, wt) * g.to("tpu") + relu(xt * wt)).sum().backward()
+    (torch_rms_norm(xc, wc) * g + torch.relu(xc * wc)).sum().backward()
+    torch.testing.assert_close(xt.grad.cpu(), xc.grad, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(wt.grad.cpu(), wc.grad, rtol=1e-4, atol=1e-5)
+
+
+def test_gradcheck_in_float64():
+    @tp.custom_jax_kernel
+    def f(x, y):
+        return jnp.sin(x) * y, jnp.exp(y).sum()
+
+    x = torch.randn(5, dtype=torch.float64, device="tpu", requires_grad=True)
+    y = torch.randn(5, dtype=torch.float64, device="tpu", requires_grad=True)
+    assert torch.autograd.gradcheck(f, (x, y))
+
+
+def test_outputs_static_arguments_numbers_and_none():
+    @tp.custom_jax_kernel(static_argnums=(2,))
+    def f(x, bias, axis, scale, extra):
+        assert extra is None
+        y = (x + bias) * scale
+        return y.sum(axis), (y.max(axis), jnp.argmax(y, axis))
+
+    x, b = torch.randn(6, 7), torch.randn(7)
+    for axis in (0, 1):
+        total, (top, where) = f(x.to("tpu"), b.to("tpu"), axis, 0.5, None)
+        y = (x + b) * 0.5
+        torch.testing.assert_close(total.cpu(), y.sum(axis))
+        torch.testing.assert_close(top.cpu(), y.amax(axis))
+        assert where.dtype == torch.int32 and torch.equal(where.cpu().long(), y.argmax(axis))
+    before = torchtpu.metrics()["kernels"]
+    f(x.to("tpu"), b.to("tpu"), 1, 2.0, None)  # a new number is a runtime operand
+    assert torchtpu.metrics()["kernels"] == before
+
+
+def test_lowered_once_per_signature():
+    @tp.custom_jax_kernel
+    def double(x):
+        return x * 2
+
+    before = torchtpu.metrics()["kernels"]
+    for _ in range(3):
+        double(torch.ones(4, device="tpu"))
+    assert torchtpu.metrics()["kernels"] == before + 1
+    double(torch.ones(5, device="tpu"))
+    double(torch.ones(4, dtype=torch.int64, device="tpu"))
+    assert torchtpu.metrics()["kernels"] == before + 3
+
+
+def test_in_place_kernel_aliases_its_input(mode):
+    @tp.custom_jax_kernel(input_output_aliases={0: 0})
+    def sgd(param, grad, lr):
+        return param - lr * grad
+
+    p, g = torch.randn(32), torch.randn(32)
+    pt = p.to("tpu")
+    view = pt[:4]
+    out = sgd(pt, g.to("tpu"), 0.1)
+    assert out is pt
+    torch.testing.assert_close(pt.cpu(), p - 0.1 * g)
+    torch.testing.assert_close(view.cpu(), (p - 0.1 * g)[:4])
+
+
+def test_kernel_fuses_into_one_program(tmp_path, monkeypatch):
+    """In fused mode a kernel adds no flush: the ops around it and the
+    kernel are one program, which calls the kernel's private function."""
+    monkeypatch.setenv("TORCHTPU_DUMP_DIR", str(tmp_path))
+    x = torch.randn(16, 128, device="tpu")
+    torch.tpu.synchronize()
+    torchtpu.reset_metrics()
+    y = softmax(x * 3 + 1).exp().sum()
+    y.item()
+    m = torchtpu.metrics()
+    assert m["executions"] == 1 and m["flushes"] == {"host_read": 1}
+    dumped = [p.read_text() for p in tmp_path.glob("*.mlir")]
+    assert any('"func.call"' in text and "stablehlo.while" in text for text in dumped)
+
+
+def test_compiled_graph_holds_the_kernel():
+    def step(x, w, g):
+        return (rms_norm(x @ w, g) + softmax(x.detach())).sum()
+
+    x, w, g = torch.randn(8, 32), torch.randn(32, 32), torch.randn(32)
+    explain = torch._dynamo.explain(step)(x.to("tpu"), w.to("tpu"), g.to("tpu"))
+    assert explain.graph_count == 1 and explain.graph_break_count == 0
+    compiled = torch.compile(step)
+    tpu = [t.to("tpu").requires_grad_() for t in (x, w, g)]
+    cpu = [t.clone().requires_grad_() for t in (x, w, g)]
+    compiled(*tpu).backward()
+    (torch_rms_norm(cpu[0] @ cpu[1], cpu[2]) + torch.softmax(cpu[0].detach(), -1)).sum().backward()
+    for t, c in zip(tpu, cpu):
+        torch.testing.assert_close(t.grad.cpu(), c.grad, rtol=1e-4, atol=1e-4)
+    assert torchtpu.metrics()["eager_graphs"] == {}
+
+
+def test_unsupported_constructs_name_the_kernel():
+    @tp.custom_jax_kernel
+    def chatty(x):
+        jax.debug.print("x = {}", x)
+        return x
+
+    @tp.custom_jax_kernel
+    def inverse(x):
+        return jnp.linalg.inv(x)
+
+    with pytest.raises(RuntimeError, match="kernel chatty calls back into Python"):
+        chatty(torch.ones(3, device="tpu"))
+    with pytest.raises(RuntimeError, match="kernel inverse needs the custom call"):
+        inverse(torch.eye(3, device="tpu"))
+    with pytest.raises(RuntimeError, match="kernel softmax .* JAX cannot differentiate it.*custom_vjp"):
+        softmax(torch.ones(2, 8, device="tpu", requires_grad=True))
+    with pytest.raises(ValueError, match="kernel relu: argument 0 is on cpu"):
+        relu(torch.ones(3))
+    assert torch.equal(relu(torch.ones(3, device="tpu")).cpu(), torch.ones(3))  # still usable
+
+
+def test_jax_is_optional():
+    code = (
+        "import sys, torchtpu\n"
+        "assert 'jax' not in sys.modules\n"
+        "sys.modules['jax'] = None\n"
+        "try:\n"
+        "    import torchtpu.pallas\n"
+        "except ImportError as e:\n"
+        "    assert 'pip install jax' in str(e), e\n"
+        "else:\n"
+        "    raise SystemExit('imported without jax')\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, env={**os.environ, "TORCHTPU_CACHE_DIR": ""})
