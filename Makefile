@@ -20,9 +20,10 @@ $(VENV)/.models-installed: requirements-models.txt $(VENV)/.installed
 	$(VENV)/bin/pip check
 	touch $@
 
-# JAX, for custom kernels (tests/test_kernels.py); optional at run time.
-$(VENV)/.kernels-installed: requirements-kernels.txt $(VENV)/.installed
-	$(VENV)/bin/pip install -q -r requirements-kernels.txt
+# JAX and Helion, for custom kernels (tests/test_kernels.py); optional at run
+# time. After the models: Helion shares their `rich`.
+$(VENV)/.kernels-installed: requirements-kernels.txt $(VENV)/.models-installed
+	$(VENV)/bin/pip install -q --no-deps -r requirements-kernels.txt
 	$(VENV)/bin/pip check
 	touch $@
 

@@ -20,7 +20,8 @@ the residuals are tpu tensors saved by autograd.
 
 `pallas_call` runs in interpret mode when the plugin is the CPU one (the same
 source runs on TPU through Mosaic). JAX is only used to lower, on its CPU
-platform: it never opens the device torchtpu uses.
+platform: it never opens the device torchtpu uses. Helion's Pallas kernels
+run on tpu tensors once this module is imported (`_helion.py`).
 """
 import functools
 import hashlib
@@ -39,7 +40,7 @@ except ImportError as e:  # pragma: no cover - exercised without jax installed
         "torchtpu.pallas needs JAX to lower kernels: pip install jax==0.10.2 jaxlib==0.10.2"
     ) from e
 
-from . import _C
+from . import _C, _helion
 
 __all__ = ["custom_jax_kernel"]
 
@@ -336,3 +337,5 @@ def _backward(ctx, grads):
 
 
 torch.library.register_autograd("torchtpu::kernel", _backward, setup_context=_setup_context)
+
+_helion.install(custom_jax_kernel, _C.platform()[0])
