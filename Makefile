@@ -52,6 +52,7 @@ bench: build $(VENV)/.models-installed $(VENV)/.kernels-installed
 	$(PY) bench/training.py
 	$(PY) bench/conv.py
 	$(PY) bench/compile.py
+	$(PY) bench/kernels.py
 
 clean:
 	rm -rf target $(VENV)

@@ -3,6 +3,7 @@ torch on CPU: eager modes, autograd, torch.compile, fusion, errors."""
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -13,6 +14,9 @@ jax = pytest.importorskip("jax")
 jnp = jax.numpy
 import torchtpu.pallas as tp  # noqa: E402
 from jax.experimental import pallas as pl  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
+from rms_norm import rms_norm, torch_rms_norm  # noqa: E402
 
 
 @tp.custom_jax_kernel
@@ -29,40 +33,6 @@ def _softmax_body(x_ref, o_ref):
 @tp.custom_jax_kernel
 def softmax(x):
     return pl.pallas_call(_softmax_body, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype))(x)
-
-
-def _rms_body(x_ref, w_ref, o_ref):
-    x = x_ref[...]
-    o_ref[...] = x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + 1e-6) * w_ref[...]
-
-
-def _rms_pallas(x, w):
-    return pl.pallas_call(_rms_body, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype))(x, w)
-
-
-@jax.custom_vjp
-def _rms(x, w):
-    return _rms_pallas(x, w)
-
-
-def _rms_fwd(x, w):
-    return _rms_pallas(x, w), (x, w)
-
-
-def _rms_bwd(res, g):  # a backward of one's own, as jax.custom_vjp gives it
-    x, w = res
-    r = jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + 1e-6)
-    gw = (g * x * r).reshape(-1, x.shape[-1]).sum(0)
-    gx = r * (g * w) - x * r**3 * jnp.mean(g * w * x, axis=-1, keepdims=True)
-    return gx, gw
-
-
-_rms.defvjp(_rms_fwd, _rms_bwd)
-rms_norm = tp.custom_jax_kernel(_rms, name="rms_norm")
-
-
-def torch_rms_norm(x, w):
-    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w
 
 
 def test_kernels_equal_torch_in_every_mode(mode):

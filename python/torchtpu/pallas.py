@@ -44,8 +44,12 @@ from . import _C, _helion
 
 __all__ = ["custom_jax_kernel"]
 
+# The same call twice: `differentiable_kernel` has autograd (a Python
+# formula, so every call would pay for it); `kernel` is what calls that need
+# no gradient use.
 _lib = torch.library.Library("torchtpu", "FRAGMENT")
 _lib.define("kernel(int kernel, Tensor[] inputs) -> Tensor[]")
+_lib.define("differentiable_kernel(int kernel, Tensor[] inputs) -> Tensor[]")
 
 # MLIR element types and the torch dtypes of the same name.
 _DTYPES = {
@@ -77,6 +81,7 @@ class _Lowered:
         self.id = kernel_id
         self.outputs = outputs  # [(torch dtype, shape)]
         self.out_tree = out_tree
+        self.single = out_tree is not None and out_tree == jax.tree_util.tree_structure(0)
         # For a forward that also returns residuals: (outputs it returns to
         # the user, the backward kernel, which inputs get gradients).
         self.backward = backward
@@ -190,37 +195,18 @@ class _Kernel:
         # trace JAX; AOTAutograd runs it on fake tensors and records the op.
         self._in_graph = torch._dynamo.allow_in_graph(lambda *args: self._run(*args))
 
-    def _split(self, args):
-        """(tensors passed to the op, signature, how to rebuild the call)."""
-        tensors, key, layout = [], [], []
+    def _lower(self, args, grad):
+        """Lowers and registers the kernel for the signature of `args`."""
+        avals, layout = [], []
         for i, a in enumerate(args):
             if i in self.static or a is None:
                 layout.append(("static", a))
-                key.append(("static", a))
             elif isinstance(a, torch.Tensor):
-                if a.device.type != "tpu":
-                    raise ValueError(f"kernel {self.name}: argument {i} is on {a.device}; pass tpu tensors")
-                tensors.append(a)
-                layout.append(("tensor", None))
-                key.append((a.dtype, tuple(a.shape)))
-            elif type(a) in _NUMBERS:
-                tensors.append(a)  # becomes a 0-dim tensor below
-                layout.append(("number", type(a)))
-                key.append(("number", type(a)))
-            else:
-                raise TypeError(
-                    f"kernel {self.name}: argument {i} is a {type(a).__name__}; pass tpu tensors, "
-                    "Python numbers, None, or mark it static with static_argnums"
-                )
-        return tensors, tuple(key), layout
-
-    def _lower(self, key, layout, grad):
-        avals = []
-        for (kind, value), k in zip(layout, key):
-            if kind == "tensor":
-                avals.append(jax.ShapeDtypeStruct(k[1], _JAX_DTYPES[k[0]]))
-            elif kind == "number":
-                avals.append(jax.ShapeDtypeStruct((), _JAX_DTYPES[_NUMBERS[value]], weak_type=True))
+                avals.append(jax.ShapeDtypeStruct(tuple(a.shape), _JAX_DTYPES[a.dtype]))
+                layout.append(("dynamic", None))
+            else:  # a Python number
+                avals.append(jax.ShapeDtypeStruct((), _JAX_DTYPES[_NUMBERS[type(a)]], weak_type=True))
+                layout.append(("dynamic", None))
 
         def call(*dynamic):
             it = iter(dynamic)
@@ -277,22 +263,43 @@ class _Kernel:
         return self._run(*args)
 
     def _run(self, *args):
-        tensors, key, layout = self._split(args)
-        grad = torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in tensors)
-        lowered = self._cache.get((key, grad))
+        tensors, key, grad, numbers = [], [], False, False
+        static = self.static
+        for i, a in enumerate(args):
+            if isinstance(a, torch.Tensor) and (not static or i not in static):
+                if a.device.type != "tpu":
+                    raise ValueError(f"kernel {self.name}: argument {i} is on {a.device}; pass tpu tensors")
+                tensors.append(a)
+                key.append((a.dtype, a.shape))
+                grad = grad or a.requires_grad
+            elif i in static or a is None:
+                key.append(("static", a))
+            elif type(a) in _NUMBERS:
+                tensors.append(a)  # a runtime operand: a 0-dim tensor below
+                key.append(type(a))
+                numbers = True
+            else:
+                raise TypeError(
+                    f"kernel {self.name}: argument {i} is a {type(a).__name__}; pass tpu tensors, "
+                    "Python numbers, None, or mark it static with static_argnums"
+                )
+        grad = grad and torch.is_grad_enabled()
+        key = (tuple(key), grad)
+        lowered = self._cache.get(key)
         if lowered is None:
-            lowered = self._cache[(key, grad)] = self._lower(key, layout, grad)
-        device = next((t.device for t in tensors if isinstance(t, torch.Tensor)), torch.device("tpu"))
-        tensors = [t if isinstance(t, torch.Tensor) else torch.tensor(t, dtype=_NUMBERS[type(t)], device=device)
-                   for t in tensors]
-        outputs = torch.ops.torchtpu.kernel(lowered.id, tensors)
-        if lowered.backward is not None:
-            outputs = outputs[: lowered.backward[0]]
-        outputs = list(outputs)
+            lowered = self._cache[key] = self._lower(args, grad)
+        if numbers:
+            device = next((t.device for t in tensors if isinstance(t, torch.Tensor)), torch.device("tpu"))
+            tensors = [t if isinstance(t, torch.Tensor) else torch.tensor(t, dtype=_NUMBERS[type(t)], device=device)
+                       for t in tensors]
+        if lowered.backward is None:
+            outputs = _KERNEL(lowered.id, tensors)
+        else:
+            outputs = _DIFFERENTIABLE_KERNEL(lowered.id, tensors)[: lowered.backward[0]]
         for i, k in self.aliases.items():  # in-place kernels: the output becomes the input's value
             args[i].copy_(outputs[k])
             outputs[k] = args[i]
-        return jax.tree_util.tree_unflatten(lowered.out_tree, outputs)
+        return outputs[0] if lowered.single else jax.tree_util.tree_unflatten(lowered.out_tree, outputs)
 
 
 def custom_jax_kernel(fn=None, *, static_argnums=(), input_output_aliases=None, name=None):
@@ -310,6 +317,7 @@ def custom_jax_kernel(fn=None, *, static_argnums=(), input_output_aliases=None, 
 
 
 @torch.library.register_fake("torchtpu::kernel")
+@torch.library.register_fake("torchtpu::differentiable_kernel")
 def _fake(kernel, inputs):
     lowered = _BY_ID[kernel]
     device = inputs[0].device if inputs else torch.device("tpu")
@@ -317,25 +325,21 @@ def _fake(kernel, inputs):
 
 
 def _setup_context(ctx, inputs, output):
-    kernel, tensors = inputs
-    lowered = _BY_ID[kernel]
-    ctx.lowered = lowered
-    if lowered.backward is not None:
-        ctx.save_for_backward(*output[lowered.backward[0]:])
+    ctx.lowered = _BY_ID[inputs[0]]
+    ctx.device = output[0].device
+    ctx.save_for_backward(*output[ctx.lowered.backward[0]:])  # the residuals
 
 
 def _backward(ctx, grads):
-    lowered = ctx.lowered
-    if lowered.backward is None:
-        raise RuntimeError(f"kernel {lowered.name} has no backward here (a backward kernel is not differentiable)")
-    n_out, bwd_id, differentiable = lowered.backward
-    cts = [g if g is not None else torch.zeros(shape, dtype=dtype, device=ctx.saved_tensors[0].device
-                                               if ctx.saved_tensors else "tpu")
-           for g, (dtype, shape) in zip(grads[:n_out], lowered.outputs[:n_out])]
-    computed = iter(torch.ops.torchtpu.kernel(bwd_id, [*ctx.saved_tensors, *cts]))
+    n_out, bwd_id, differentiable = ctx.lowered.backward
+    cts = [g if g is not None else torch.zeros(shape, dtype=dtype, device=ctx.device)
+           for g, (dtype, shape) in zip(grads[:n_out], ctx.lowered.outputs[:n_out])]
+    computed = iter(_KERNEL(bwd_id, [*ctx.saved_tensors, *cts]))
     return None, [next(computed) if d else None for d in differentiable]
 
 
-torch.library.register_autograd("torchtpu::kernel", _backward, setup_context=_setup_context)
+torch.library.register_autograd("torchtpu::differentiable_kernel", _backward, setup_context=_setup_context)
+_KERNEL = torch.ops.torchtpu.kernel.default
+_DIFFERENTIABLE_KERNEL = torch.ops.torchtpu.differentiable_kernel.default
 
 _helion.install(custom_jax_kernel, _C.platform()[0])

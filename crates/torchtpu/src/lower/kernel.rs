@@ -1,10 +1,11 @@
 //! `torchtpu::kernel(int kernel, Tensor[] inputs) -> Tensor[]`: a call of a
-//! registered external kernel (`kernel.rs`) on tpu tensors.
+//! registered external kernel (`kernel.rs`) on tpu tensors; the front end's
+//! `differentiable_kernel` (the same call, with autograd) lowers the same.
 use super::{op, Cx, Entry};
 use crate::error::{Error, Result};
 use crate::ir::V;
 
-pub static ENTRIES: &[Entry] = &[op("torchtpu::kernel", call)];
+pub static ENTRIES: &[Entry] = &[op("torchtpu::kernel", call), op("torchtpu::differentiable_kernel", call)];
 
 fn call(cx: &mut Cx) -> Result<Vec<V>> {
     let kernel = crate::kernel::get(cx.int("kernel")?)?;
