@@ -143,6 +143,22 @@ def test_compiled_graph_holds_the_kernel():
     assert torchtpu.metrics()["eager_graphs"] == {}
 
 
+def test_compiled_kernel_with_static_and_number_arguments():
+    @tp.custom_jax_kernel(static_argnums=(1,))
+    def scaled_sum(x, axis, s):
+        return (x * s).sum(axis)
+
+    def f(x, s):
+        return scaled_sum(x, 1, s) + 1
+
+    for dynamic in (False, True):
+        compiled = torch.compile(f, dynamic=dynamic)
+        for n, s in ((4, 2.5), (5, 3.5)):  # dynamic=True: symbolic sizes and numbers
+            x = torch.randn(n, 6)
+            torch.testing.assert_close(compiled(x.to("tpu"), s).cpu(), (x * s).sum(1) + 1)
+    assert torchtpu.metrics()["eager_graphs"] == {}
+
+
 def test_unsupported_constructs_name_the_kernel():
     @tp.custom_jax_kernel
     def chatty(x):

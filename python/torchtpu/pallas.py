@@ -65,8 +65,11 @@ _JAX_DTYPES = {
     torch.uint32: "uint32", torch.uint64: "uint64", torch.complex64: "complex64",
     torch.complex128: "complex128",
 }
-# Python numbers are traced as JAX traces them: weakly typed 32-bit scalars.
-_NUMBERS = {bool: torch.bool, int: torch.int32, float: torch.float32}
+# Python numbers are traced as JAX traces them: weakly typed 32-bit scalars
+# (under torch.compile they may arrive symbolic).
+_NUMBERS = {bool: torch.bool, int: torch.int32, float: torch.float32,
+            torch.SymBool: torch.bool, torch.SymInt: torch.int32, torch.SymFloat: torch.float32}
+_SYMBOLIC = {torch.SymBool: bool, torch.SymInt: int, torch.SymFloat: float}
 
 # Custom calls that can never run inside a torchtpu program, and why.
 _HOST_CALLBACKS = ("xla_python_cpu_callback", "xla_python_gpu_callback", "xla_ffi_python_cpu_callback",
@@ -193,7 +196,13 @@ class _Kernel:
         self._cache: dict = {}
         # Under torch.compile the call is one opaque graph node: Dynamo must not
         # trace JAX; AOTAutograd runs it on fake tensors and records the op.
-        self._in_graph = torch._dynamo.allow_in_graph(lambda *args: self._run(*args))
+        # Symbolic sizes are made concrete (a guard): a kernel is lowered per shape.
+        self._in_graph = torch._dynamo.allow_in_graph(lambda *args: self._run(*self._concrete(args), concrete=True))
+
+    def _concrete(self, args):
+        """`args` with symbolic static arguments made Python values (a guard)."""
+        return tuple(_SYMBOLIC[type(a)](a) if i in self.static and type(a) in _SYMBOLIC else a
+                     for i, a in enumerate(args))
 
     def _lower(self, args, grad):
         """Lowers and registers the kernel for the signature of `args`."""
@@ -202,7 +211,7 @@ class _Kernel:
             if i in self.static or a is None:
                 layout.append(("static", a))
             elif isinstance(a, torch.Tensor):
-                avals.append(jax.ShapeDtypeStruct(tuple(a.shape), _JAX_DTYPES[a.dtype]))
+                avals.append(jax.ShapeDtypeStruct(tuple(map(int, a.shape)), _JAX_DTYPES[a.dtype]))
                 layout.append(("dynamic", None))
             else:  # a Python number
                 avals.append(jax.ShapeDtypeStruct((), _JAX_DTYPES[_NUMBERS[type(a)]], weak_type=True))
@@ -262,7 +271,7 @@ class _Kernel:
             return self._in_graph(*args)
         return self._run(*args)
 
-    def _run(self, *args):
+    def _run(self, *args, concrete=False):
         tensors, key, grad, numbers = [], [], False, False
         static = self.static
         for i, a in enumerate(args):
@@ -270,13 +279,13 @@ class _Kernel:
                 if a.device.type != "tpu":
                     raise ValueError(f"kernel {self.name}: argument {i} is on {a.device}; pass tpu tensors")
                 tensors.append(a)
-                key.append((a.dtype, a.shape))
+                key.append((a.dtype, tuple(map(int, a.shape)) if concrete else a.shape))
                 grad = grad or a.requires_grad
             elif i in static or a is None:
                 key.append(("static", a))
             elif type(a) in _NUMBERS:
                 tensors.append(a)  # a runtime operand: a 0-dim tensor below
-                key.append(type(a))
+                key.append(_NUMBERS[type(a)])
                 numbers = True
             else:
                 raise TypeError(
@@ -290,7 +299,7 @@ class _Kernel:
             lowered = self._cache[key] = self._lower(args, grad)
         if numbers:
             device = next((t.device for t in tensors if isinstance(t, torch.Tensor)), torch.device("tpu"))
-            tensors = [t if isinstance(t, torch.Tensor) else torch.tensor(t, dtype=_NUMBERS[type(t)], device=device)
+            tensors = [t if isinstance(t, torch.Tensor) else torch.scalar_tensor(t, dtype=_NUMBERS[type(t)], device=device)
                        for t in tensors]
         if lowered.backward is None:
             outputs = _KERNEL(lowered.id, tensors)
