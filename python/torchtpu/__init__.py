@@ -114,5 +114,16 @@ def _route_inductor():
 
 _route_inductor()
 
+
+def _distributed_backend(options, backend_options):
+    """The c10d backend "pjrt" of tpu tensors, imported on first use."""
+    from .distributed import create
+
+    return create(options, backend_options)
+
+
+if torch.distributed.is_available():
+    torch.distributed.Backend.register_backend("pjrt", _distributed_backend, extended_api=True, devices=["tpu"])
+
 if "TORCHTPU_MODE" in os.environ:
     set_mode(os.environ["TORCHTPU_MODE"])

@@ -44,6 +44,9 @@ def configure_plugin():
         flags = os.environ.get("XLA_FLAGS", "")
         if "xla_cpu_use_xnnpack" not in flags:
             os.environ["XLA_FLAGS"] = (flags + " --xla_cpu_use_xnnpack=false").strip()
-    # The CPU plugin would split this machine into 4 devices by default.
-    count = int(os.environ.get("TORCHTPU_DEVICE_COUNT", "1")) if is_cpu else None
+    # The CPU plugin would split this machine into 4 devices by default. Under
+    # torchrun each process gets as many as there are local ranks, so that
+    # `tpu:<local rank>` exists in every one (each uses its own).
+    default = os.environ.get("LOCAL_WORLD_SIZE", "1")
+    count = int(os.environ.get("TORCHTPU_DEVICE_COUNT", default)) if is_cpu else None
     _C.configure(path, count)

@@ -1,0 +1,295 @@
+"""torch.distributed on tpu tensors: the c10d backend "pjrt".
+
+`import torchtpu` registers it for the "tpu" device, so `init_process_group()`
+with no backend, `init_process_group("pjrt")` and `"cpu:gloo,tpu:pjrt"` all
+give tpu tensors this backend (CPU tensors keep gloo). It is a Python c10d
+backend (PyTorch's PyBackend trampoline, as `torch.distributed._nccl4py`).
+
+MPMD by construction: a rank's own programs never contain a cross-rank op.
+A collective first runs what fused mode has recorded (reading the inputs
+does), then runs on its own, so ranks may run different code, shapes and
+host reads between collectives. Before each collective the members exchange
+a descriptor (sequence number, collective, dtype, sizes, root, reduce op);
+a difference raises the same error on every rank, and a missing collective
+runs into the group's timeout instead of hanging.
+
+Transport on the CPU plugin: PyTorch's gloo over host copies of the tensors;
+each result is written back as the tensor's new value. Collective programs
+over the group's devices (XLA's own collectives, for the GPU and TPU plugins)
+are not built yet.
+"""
+import datetime
+
+import torch
+import torch.distributed as dist
+from torch._C._distributed_c10d import (
+    AllreduceOptions,
+    AllToAllOptions,
+    Backend as C10DBackend,
+    BroadcastOptions,
+    GatherOptions,
+    ReduceOp,
+    ReduceOptions,
+    ReduceScatterOptions,
+    ScatterOptions,
+)
+
+NAME = "pjrt"
+
+_GLOO_OPS = {ReduceOp.SUM: ReduceOp.SUM, ReduceOp.PRODUCT: ReduceOp.PRODUCT, ReduceOp.MIN: ReduceOp.MIN,
+             ReduceOp.MAX: ReduceOp.MAX, ReduceOp.BAND: ReduceOp.BAND, ReduceOp.BOR: ReduceOp.BOR,
+             ReduceOp.BXOR: ReduceOp.BXOR, ReduceOp.AVG: ReduceOp.SUM, ReduceOp.PREMUL_SUM: ReduceOp.SUM}
+_COLLECTIVES = ["broadcast", "allreduce", "reduce", "allgather", "all_gather_single", "gather", "scatter",
+                "reduce_scatter", "reduce_scatter_single", "all_to_all_single", "alltoall", "barrier",
+                "send", "recv"]
+_DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8, torch.uint8,
+           torch.int16, torch.int32, torch.int64, torch.bool]
+
+
+class _Done(dist._Work):
+    """A collective's Work: the transport has finished by the time it is made.
+    (`is_completed()` still reads False: PyTorch's holder of Python Works does
+    not forward it.)"""
+
+    def __init__(self, result):
+        super().__init__()
+        self._result = result
+
+    def wait(self, timeout=None):
+        return True
+
+    def is_completed(self):
+        return True
+
+    def is_success(self):
+        return True
+
+    def result(self):
+        return self._result
+
+    def get_future(self):
+        fut = torch.futures.Future()
+        fut.set_result(self._result)
+        return fut
+
+
+_done = _Done
+
+
+def _host(tensors):
+    """Host copies of tpu tensors (reading them runs what fused mode recorded)."""
+    return [t.detach().to("cpu") for t in tensors]
+
+
+def _write(tensors, values):
+    """Each result becomes its tensor's new value."""
+    with torch.no_grad():
+        for t, v in zip(tensors, values):
+            t.copy_(v)
+
+
+class TpuBackend(C10DBackend):
+    """The c10d backend of tpu tensors: gloo over host copies (CPU plugin)."""
+
+    def __init__(self, store, rank, size, timeout, options=None):
+        super().__init__(rank, size)
+        self._options = options or C10DBackend.Options(NAME, timeout=timeout)
+        self._gloo = dist.ProcessGroupGloo(dist.PrefixStore("gloo/", store), rank, size, timeout)
+        self._seq = 0
+
+    @property
+    def options(self):
+        return self._options
+
+    def getBackendName(self):
+        return NAME
+
+    # -------------------------------------------------------------- checks
+
+    def _check(self, collective, tensors=(), root=-1, op=None):
+        """Exchanges this call's descriptor with the group's members; raises
+        on every rank if they differ."""
+        self._seq += 1
+        first = tensors[0] if tensors else None
+        sizes = list(first.shape)[:4] if first is not None else []
+        mine = [self._seq, _COLLECTIVES.index(collective),
+                _DTYPES.index(first.dtype) if first is not None and first.dtype in _DTYPES else -1,
+                sum(t.numel() for t in tensors), len(tensors), root,
+                int(op.op) if op is not None else -1, len(sizes)] + sizes + [0] * (4 - len(sizes))
+        gathered = [torch.zeros(len(mine), dtype=torch.int64) for _ in range(self.size())]
+        self._gloo.allgather([gathered], [torch.tensor(mine)]).wait()
+        if any(g.tolist() != gathered[0].tolist() for g in gathered):
+            calls = "; ".join(f"rank {r}: {self._describe(g.tolist())}" for r, g in enumerate(gathered))
+            raise RuntimeError(f"torchtpu: collectives do not match across the group: {calls}")
+
+    @staticmethod
+    def _describe(d):
+        seq, coll, dtype, numel, count, root, op, ndim = d[:8]
+        what = f"{_COLLECTIVES[coll]} #{seq}"
+        if dtype >= 0:
+            what += f" of {count} {str(_DTYPES[dtype]).removeprefix('torch.')} tensor(s), sizes {d[8:8 + ndim]}"
+            what += f", {numel} elements"
+        if root >= 0:
+            what += f", root {root}"
+        if op >= 0:
+            what += f", {ReduceOp.RedOpType(op).name}"
+        return what
+
+    # -------------------------------------------------------------- reductions
+
+    def _reduced(self, values, reduce_op):
+        """Host values after gloo reduced them with `reduce_op`: AVG is a sum
+        divided by the group's size, PREMUL_SUM a sum of scaled values."""
+        if reduce_op.op == ReduceOp.PREMUL_SUM:
+            factor = reduce_op.factor
+            factor = factor.to("cpu") if isinstance(factor, torch.Tensor) else factor
+            values = [v * factor for v in values]
+        return values
+
+    def _finish(self, values, reduce_op):
+        if reduce_op.op == ReduceOp.AVG:
+            return [v / self.size() if v.is_floating_point() else v // self.size() for v in values]
+        return values
+
+    def _gloo_op(self, reduce_op):
+        return _GLOO_OPS[reduce_op.op]
+
+    # -------------------------------------------------------------- collectives
+
+    def broadcast(self, tensor_list, opts):
+        self._check("broadcast", tensor_list, root=opts.rootRank)
+        host = _host(tensor_list)
+        self._gloo.broadcast(host, self._opts(BroadcastOptions(), rootRank=opts.rootRank)).wait()
+        _write(tensor_list, host)
+        return _done(tensor_list)
+
+    def allreduce(self, tensor_list, opts):
+        self._check("allreduce", tensor_list, op=opts.reduceOp)
+        host = self._reduced(_host(tensor_list), opts.reduceOp)
+        self._gloo.allreduce(host, self._opts(AllreduceOptions(), reduceOp=self._gloo_op(opts.reduceOp))).wait()
+        _write(tensor_list, self._finish(host, opts.reduceOp))
+        return _done(tensor_list)
+
+    def allreduce_coalesced(self, tensor_list, opts):
+        for t in tensor_list:
+            self.allreduce([t], opts)
+        return _done(tensor_list)
+
+    def reduce(self, tensor_list, opts):
+        self._check("reduce", tensor_list, root=opts.rootRank, op=opts.reduceOp)
+        host = self._reduced(_host(tensor_list), opts.reduceOp)
+        gloo_opts = self._opts(ReduceOptions(), rootRank=opts.rootRank, reduceOp=self._gloo_op(opts.reduceOp))
+        self._gloo.reduce(host, gloo_opts).wait()
+        if self.rank() == opts.rootRank:
+            _write(tensor_list, self._finish(host, opts.reduceOp))
+        return _done(tensor_list)
+
+    def allgather(self, output_tensors, input_tensors, opts):
+        self._check("allgather", input_tensors)
+        outs = [_host(o) for o in output_tensors]
+        self._gloo.allgather(outs, _host(input_tensors)).wait()
+        for o, h in zip(output_tensors, outs):
+            _write(o, h)
+        return _done(output_tensors)
+
+    def all_gather_single(self, output, input, opts):
+        self._check("all_gather_single", [input])
+        out = torch.empty(output.shape, dtype=output.dtype)
+        self._gloo._allgather_base(out, input.detach().to("cpu")).wait()
+        _write([output], [out])
+        return _done([output])
+
+    def all_gather_single_coalesced(self, outputs, inputs, opts):
+        for output, input in zip(outputs, inputs):
+            self.all_gather_single(output, input, opts)
+        return _done(outputs)
+
+    def gather(self, output_tensors, input_tensors, opts):
+        self._check("gather", input_tensors, root=opts.rootRank)
+        outs = [_host(o) for o in output_tensors]
+        self._gloo.gather(outs, _host(input_tensors), self._opts(GatherOptions(), rootRank=opts.rootRank)).wait()
+        for o, h in zip(output_tensors, outs):
+            _write(o, h)
+        return _done(output_tensors)
+
+    def scatter(self, output_tensors, input_tensors, opts):
+        self._check("scatter", output_tensors, root=opts.rootRank)
+        outs = _host(output_tensors)
+        ins = [_host(i) for i in input_tensors]
+        self._gloo.scatter(outs, ins, self._opts(ScatterOptions(), rootRank=opts.rootRank)).wait()
+        _write(output_tensors, outs)
+        return _done(output_tensors)
+
+    def reduce_scatter(self, output_tensors, input_tensors, opts):
+        self._check("reduce_scatter", output_tensors, op=opts.reduceOp)
+        outs = _host(output_tensors)
+        ins = [self._reduced(_host(i), opts.reduceOp) for i in input_tensors]
+        gloo_opts = self._opts(ReduceScatterOptions(), reduceOp=self._gloo_op(opts.reduceOp))
+        self._gloo.reduce_scatter(outs, ins, gloo_opts).wait()
+        _write(output_tensors, self._finish(outs, opts.reduceOp))
+        return _done(output_tensors)
+
+    def reduce_scatter_single(self, output, input, opts):
+        self._check("reduce_scatter_single", [output], op=opts.reduceOp)
+        out = torch.empty(output.shape, dtype=output.dtype)
+        (inp,) = self._reduced(_host([input]), opts.reduceOp)
+        gloo_opts = self._opts(ReduceScatterOptions(), reduceOp=self._gloo_op(opts.reduceOp))
+        self._gloo._reduce_scatter_base(out, inp, gloo_opts).wait()
+        _write([output], self._finish([out], opts.reduceOp))
+        return _done([output])
+
+    def reduce_scatter_single_coalesced(self, outputs, inputs, opts):
+        for output, input in zip(outputs, inputs):
+            self.reduce_scatter_single(output, input, opts)
+        return _done(outputs)
+
+    def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts):
+        self._check("all_to_all_single", [input])
+        out = torch.empty(output.shape, dtype=output.dtype)
+        self._gloo.alltoall_base(out, input.detach().to("cpu"), output_split_sizes, input_split_sizes,
+                                 AllToAllOptions()).wait()
+        _write([output], [out])
+        return _done([output])
+
+    def alltoall(self, output_tensors, input_tensors, opts):
+        self._check("alltoall", input_tensors)
+        outs = _host(output_tensors)
+        self._gloo.alltoall(outs, _host(input_tensors), AllToAllOptions()).wait()
+        _write(output_tensors, outs)
+        return _done(output_tensors)
+
+    def barrier(self, opts):
+        self._check("barrier")
+        torch.tpu.synchronize()
+        return _done(None)
+
+    def send(self, tensor_list, dst, tag=0):
+        # Point-to-point: no group-wide descriptor (the other members take no part).
+        self._gloo.send(_host(tensor_list), dst, tag).wait()
+        return _done(tensor_list)
+
+    def recv(self, tensor_list, src, tag=0):
+        host = _host(tensor_list)
+        self._gloo.recv(host, src, tag).wait()
+        _write(tensor_list, host)
+        return _done(tensor_list)
+
+    @staticmethod
+    def _opts(options, **fields):
+        for k, v in fields.items():
+            setattr(options, k, v)
+        return options
+
+
+def create(opts, backend_options):
+    """The creator `torch.distributed.Backend.register_backend` calls. A group
+    made without naming a CPU backend (`init_process_group()`: PyTorch then
+    picks the accelerator's only) takes CPU tensors too, through the same gloo."""
+    timeout = opts.timeout if opts.timeout is not None else datetime.timedelta(minutes=30)
+    backend = TpuBackend(opts.store, opts.group_rank, opts.group_size, timeout)
+    group, cpu = opts.process_group, torch.device("cpu")
+    try:
+        group._get_backend(cpu)
+    except RuntimeError:
+        group._register_backend(cpu, dist.ProcessGroup.BackendType.GLOO, backend._gloo)
+    return backend

@@ -1,0 +1,242 @@
+"""Worker programs of tests/test_distributed.py: each runs in every process of
+a torchrun-style launch (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT in the
+environment) and raises on any difference from the CPU reference."""
+import datetime
+import os
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+import torchtpu  # noqa: F401
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
+from workloads import mlp_model  # noqa: E402
+
+TIMEOUT = datetime.timedelta(seconds=int(os.environ.get("DIST_TIMEOUT", "60")))
+
+
+def _setup(backend=None):
+    dist.init_process_group(backend, timeout=TIMEOUT)
+    device = torch.device("tpu", int(os.environ["LOCAL_RANK"]))
+    torch.tpu.set_device(device)
+    return dist.get_rank(), dist.get_world_size(), device
+
+
+def _same(tpu, cpu, what, **tol):
+    torch.testing.assert_close(tpu.cpu(), cpu, msg=lambda m: f"{what} (rank {dist.get_rank()}): {m}", **tol)
+
+
+def collectives():
+    """Every collective on tpu tensors equals the same collective on CPU
+    tensors of the same group (gloo)."""
+    rank, world, device = _setup()
+    g = torch.Generator().manual_seed(rank)
+
+    def both(fn, *tensors):
+        cpu = [t.clone() for t in tensors]
+        tpu = [t.to(device) for t in tensors]
+        fn(*cpu)
+        fn(*tpu)
+        return tpu, cpu
+
+    for dtype in (torch.float32, torch.bfloat16, torch.int64):
+        x = (torch.randn(5, 3, generator=g) * 10).to(dtype)
+        for op in (dist.ReduceOp.SUM, dist.ReduceOp.MAX, dist.ReduceOp.MIN, dist.ReduceOp.PRODUCT):
+            (tpu,), (cpu,) = both(lambda t, op=op: dist.all_reduce(t, op=op), x)
+            _same(tpu, cpu, f"all_reduce {op} {dtype}")
+        if dtype.is_floating_point:  # gloo has neither: as NCCL computes them
+            total = x.clone().float()
+            dist.all_reduce(total)
+            for op, expected in ((dist.ReduceOp.AVG, total / world), (dist._make_nccl_premul_sum(0.25), total * 0.25)):
+                tpu = x.to(device)
+                dist.all_reduce(tpu, op=op)
+                _same(tpu, expected.to(dtype), f"all_reduce {op} {dtype}")
+        (tpu,), (cpu,) = both(lambda t: dist.broadcast(t, src=1), x)
+        _same(tpu, cpu, f"broadcast {dtype}")
+        (tpu, _), (cpu, _) = both(lambda o, i: dist.all_gather_into_tensor(o, i), torch.zeros(5 * world, 3, dtype=dtype), x)
+        _same(tpu, cpu, f"all_gather_into_tensor {dtype}")
+        (tpu, _), (cpu, _) = both(lambda o, i: dist.reduce_scatter_tensor(o, i), torch.zeros(5, 3, dtype=dtype),
+                                  x.repeat(world, 1))
+        _same(tpu, cpu, f"reduce_scatter_tensor {dtype}")
+
+    x = torch.randn(4, 2, generator=g)
+    outs_tpu = [torch.zeros(4, 2, device=device) for _ in range(world)]
+    outs_cpu = [torch.zeros(4, 2) for _ in range(world)]
+    dist.all_gather(outs_tpu, x.to(device))
+    dist.all_gather(outs_cpu, x)
+    for t, c in zip(outs_tpu, outs_cpu):
+        _same(t, c, "all_gather")
+    out_tpu, out_cpu = torch.zeros(4, 2, device=device), torch.zeros(4, 2)
+    dist.reduce_scatter(out_tpu, [x.to(device) * (i + 1) for i in range(world)])
+    dist.reduce_scatter(out_cpu, [x * (i + 1) for i in range(world)])
+    _same(out_tpu, out_cpu, "reduce_scatter")
+    a2a_tpu, a2a_cpu = torch.zeros(world * 2, device=device), torch.zeros(world * 2)
+    src = torch.arange(world * 2.0) + 10 * rank
+    dist.all_to_all_single(a2a_tpu, src.to(device))
+    dist.all_to_all_single(a2a_cpu, src)
+    _same(a2a_tpu, a2a_cpu, "all_to_all_single")
+    lists_tpu = [torch.zeros(2, device=device) for _ in range(world)]
+    lists_cpu = [torch.zeros(2) for _ in range(world)]
+    dist.all_to_all(lists_tpu, [src[2 * i:2 * i + 2].to(device) for i in range(world)])
+    dist.all_to_all(lists_cpu, [src[2 * i:2 * i + 2] for i in range(world)])
+    for t, c in zip(lists_tpu, lists_cpu):
+        _same(t, c, "all_to_all")
+    r_tpu, r_cpu = x.to(device), x.clone()
+    dist.reduce(r_tpu, dst=0)
+    dist.reduce(r_cpu, dst=0)
+    if rank == 0:  # other ranks' buffers are undefined afterwards
+        _same(r_tpu, r_cpu, "reduce")
+    s_tpu, s_cpu = torch.zeros(3, device=device), torch.zeros(3)
+    chunks = [torch.full((3,), float(i)) for i in range(world)]
+    dist.scatter(s_tpu, [c.to(device) for c in chunks] if rank == 0 else None, src=0)
+    dist.scatter(s_cpu, chunks if rank == 0 else None, src=0)
+    _same(s_tpu, s_cpu, "scatter")
+    gathered_tpu = [torch.zeros(3, device=device) for _ in range(world)] if rank == 1 else None
+    dist.gather(s_tpu, gathered_tpu, dst=1)
+    if rank == 1:
+        for i, t in enumerate(gathered_tpu):
+            _same(t, torch.full((3,), float(i)), "gather")
+    p2p = torch.full((2,), float(rank), device=device)
+    if rank == 0:
+        dist.send(p2p + 5, dst=1)
+    elif rank == 1:
+        dist.recv(p2p, src=0)
+        _same(p2p, torch.full((2,), 5.0), "send/recv")
+    works = [dist.all_reduce(t, async_op=True) for t in (x.to(device), x.to(device) * 2)]
+    for w in works:
+        assert w.wait()
+    total = x.clone()
+    dist.all_reduce(total)
+    fut = dist.all_reduce(x.to(device), async_op=True).get_future()
+    _same(fut.wait()[0], total, "async all_reduce's future")
+    coalesced = [x.to(device), x.to(device) * 3]
+    dist.all_reduce_coalesced(coalesced)
+    _same(coalesced[1], total * 3, "all_reduce_coalesced")
+    sub = dist.new_group([0, 1])
+    y = torch.ones(2, device=device) * (rank + 1)
+    dist.all_reduce(y, group=sub)
+    _same(y, torch.full((2,), 3.0), "subgroup all_reduce")
+    objects = [None] * world
+    dist.all_gather_object(objects, {"rank": rank, "tensor_sum": float(x.sum())})
+    assert [o["rank"] for o in objects] == list(range(world))
+    dist.barrier()
+    cpu_in_tpu_group = torch.ones(3) * rank
+    dist.all_reduce(cpu_in_tpu_group)  # a CPU tensor in the same (default) group
+    _same(cpu_in_tpu_group, torch.full((3,), float(sum(range(world)))), "CPU tensor in the default group")
+    dist.destroy_process_group()
+
+
+def _global_batches(steps, world):
+    g = torch.Generator().manual_seed(0)
+    xs = torch.randn(steps, 16 * world, 784, generator=g)
+    ys = torch.randint(0, 10, (steps, 16 * world), generator=g)
+    return xs, ys
+
+
+def _cpu_reference(steps, world):
+    """Single-process CPU training on the global batch: (losses, parameters)."""
+    torch.manual_seed(0)
+    model = mlp_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    xs, ys = _global_batches(steps, world)
+    losses = []
+    for x, y in zip(xs, ys):
+        loss = nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return torch.tensor(losses), [p.detach() for p in model.parameters()]
+
+
+def _train_sharded(wrap, steps, log_on_rank0=False):
+    """Each rank trains on its share of the global batch; returns the global
+    mean loss per step and the trained module."""
+    rank, world, device = _setup()
+    torch.manual_seed(0)
+    model = wrap(mlp_model().to(device), device)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    xs, ys = _global_batches(steps, world)
+    losses = []
+    for step, (x, y) in enumerate(zip(xs, ys)):
+        mine = slice(16 * rank, 16 * (rank + 1))
+        loss = nn.functional.cross_entropy(model(x[mine].to(device)), y[mine].to(device))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        if log_on_rank0 and rank == 0:
+            # Rank-divergent work between collectives: host reads, other shapes.
+            print(f"step {step} loss {loss.item():.4f}", flush=True)
+            extra = torch.randn(3 + step, 7, device=device) @ torch.randn(7, 2 + step, device=device)
+            assert torch.isfinite(extra).all().item()
+        total = loss.detach().clone()
+        dist.all_reduce(total, op=dist.ReduceOp.AVG)
+        losses.append(total.item())
+    return torch.tensor(losses), model
+
+
+def ddp(log_on_rank0=False):
+    """DDP (several gradient buckets) trains as one CPU process on the global batch."""
+    steps = 3
+
+    def wrap(module, device):
+        return nn.parallel.DistributedDataParallel(module, bucket_cap_mb=1)
+
+    losses, model = _train_sharded(wrap, steps, log_on_rank0)
+    ref_losses, ref_params = _cpu_reference(steps, dist.get_world_size())
+    torch.testing.assert_close(losses, ref_losses, rtol=1e-4, atol=1e-5)
+    for p, r in zip(model.module.parameters(), ref_params):
+        _same(p.detach(), r, "DDP parameter", rtol=1e-4, atol=1e-5)
+    dist.destroy_process_group()
+
+
+def ddp_rank0_logs():
+    ddp(log_on_rank0=True)
+
+
+def fsdp2():
+    """FSDP2's fully_shard: parameters are sharded DTensors; training equals
+    one CPU process on the global batch."""
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor import DTensor
+
+    steps = 3
+
+    def wrap(module, device):
+        for layer in module:
+            if isinstance(layer, nn.Linear):
+                fully_shard(layer)
+        return fully_shard(module)
+
+    losses, model = _train_sharded(wrap, steps)
+    assert all(isinstance(p, DTensor) for p in model.parameters())
+    ref_losses, ref_params = _cpu_reference(steps, dist.get_world_size())
+    torch.testing.assert_close(losses, ref_losses, rtol=1e-4, atol=1e-5)
+    for p, r in zip(model.parameters(), ref_params):
+        _same(p.full_tensor().detach(), r, "FSDP2 parameter", rtol=1e-4, atol=1e-5)
+    dist.destroy_process_group()
+
+
+def mismatch():
+    """Ranks that call different collectives all raise the same error."""
+    rank, world, device = _setup()
+    x = torch.ones(4, device=device)
+    try:
+        if rank == 0:
+            dist.all_reduce(x)
+        else:
+            dist.broadcast(x[:2], src=0)
+    except RuntimeError as e:
+        assert "collectives do not match" in str(e) and "allreduce" in str(e) and "broadcast" in str(e), e
+    else:
+        raise AssertionError("no error")
+    dist.all_reduce(x)  # the group is still usable
+    _same(x, torch.full((4,), float(world)), "all_reduce after a mismatch")
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    globals()[sys.argv[1]]()
