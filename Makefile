@@ -53,6 +53,7 @@ bench: build $(VENV)/.models-installed $(VENV)/.kernels-installed
 	$(PY) bench/conv.py
 	$(PY) bench/compile.py
 	$(PY) bench/kernels.py
+	$(PY) bench/distributed.py
 
 clean:
 	rm -rf target $(VENV)

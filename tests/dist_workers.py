@@ -157,7 +157,7 @@ def _train_sharded(wrap, steps, log_on_rank0=False):
     mean loss per step and the trained module."""
     rank, world, device = _setup()
     torch.manual_seed(0)
-    model = wrap(mlp_model().to(device), device)
+    model = wrap(mlp_model(), device)
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     xs, ys = _global_batches(steps, world)
     losses = []
@@ -183,7 +183,7 @@ def ddp(log_on_rank0=False):
     steps = 3
 
     def wrap(module, device):
-        return nn.parallel.DistributedDataParallel(module, bucket_cap_mb=1)
+        return nn.parallel.DistributedDataParallel(module.to(device), bucket_cap_mb=1)
 
     losses, model = _train_sharded(wrap, steps, log_on_rank0)
     ref_losses, ref_params = _cpu_reference(steps, dist.get_world_size())
@@ -206,6 +206,7 @@ def fsdp2():
     steps = 3
 
     def wrap(module, device):
+        module.to(device)
         for layer in module:
             if isinstance(layer, nn.Linear):
                 fully_shard(layer)
@@ -217,6 +218,54 @@ def fsdp2():
     torch.testing.assert_close(losses, ref_losses, rtol=1e-4, atol=1e-5)
     for p, r in zip(model.parameters(), ref_params):
         _same(p.full_tensor().detach(), r, "FSDP2 parameter", rtol=1e-4, atol=1e-5)
+    dist.destroy_process_group()
+
+
+def fsdp_wrapper():
+    """The FSDP wrapper as users write it, `FSDP(model, device_id=torch.device("tpu"))`,
+    trains as one CPU process on the global batch."""
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+    steps = 3
+    losses, model = _train_sharded(lambda module, device: FSDP(module, device_id=torch.device("tpu")), steps)
+    ref_losses, ref_params = _cpu_reference(steps, dist.get_world_size())
+    torch.testing.assert_close(losses, ref_losses, rtol=1e-4, atol=1e-5)
+    with FSDP.summon_full_params(model):
+        for p, r in zip(model.parameters(), ref_params):
+            _same(p.detach(), r, "FSDP parameter", rtol=1e-4, atol=1e-5)
+    dist.destroy_process_group()
+
+
+def dtensor():
+    """DTensor on a tpu DeviceMesh: sharded matmul, redistribute, full_tensor
+    and a tensor-parallel MLP equal the same math on CPU."""
+    import copy
+
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    rank, world, device = _setup()
+    mesh = init_device_mesh("tpu", (world,))
+    g = torch.Generator().manual_seed(0)
+    a, b = torch.randn(8, 6, generator=g), torch.randn(6, 4, generator=g)
+    da, db = distribute_tensor(a, mesh, [Shard(0)]), distribute_tensor(b, mesh, [Replicate()])
+    assert da.to_local().device == device and da.to_local().shape == (8 // world, 6)
+    _same((da @ db).full_tensor(), a @ b, "sharded matmul", rtol=1e-5, atol=1e-5)
+    _same(da.redistribute(mesh, [Replicate()]).to_local(), a, "redistribute")
+    _same(distribute_tensor(b, mesh, [Shard(1)]).full_tensor(), b, "full_tensor")
+    torch.manual_seed(0)
+    mlp = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 8))
+    ref = copy.deepcopy(mlp)
+    tp = parallelize_module(mlp.to(device), mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
+    x = torch.randn(4, 16, generator=g)
+    out = tp(x.to(device))
+    expected = ref(x)
+    _same(out, expected, "tensor-parallel MLP", rtol=1e-5, atol=1e-5)
+    out.sum().backward()
+    expected.sum().backward()
+    for p, r in zip(tp.parameters(), ref.parameters()):
+        _same(p.grad.full_tensor(), r.grad, "tensor-parallel gradient", rtol=1e-5, atol=1e-5)
     dist.destroy_process_group()
 
 

@@ -52,6 +52,14 @@ def test_fsdp2_trains_as_one_cpu_process():
     launch("fsdp2")
 
 
+def test_fsdp_wrapper_trains_as_one_cpu_process():
+    launch("fsdp_wrapper")
+
+
+def test_dtensor_and_tensor_parallel():
+    launch("dtensor")
+
+
 def test_rank_divergent_code_between_collectives():
     """Rank 0 logs `loss.item()` and runs extra ops of other shapes every step
     under DDP: the training is unchanged and nothing hangs."""

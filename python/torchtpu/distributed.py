@@ -76,9 +76,36 @@ class _Done(dist._Work):
 _done = _Done
 
 
-def _host(tensors):
-    """Host copies of tpu tensors (reading them runs what fused mode recorded)."""
-    return [t.detach().to("cpu") for t in tensors]
+class _Staging:
+    """Host buffers for the transport, reused across collectives: a fresh
+    large allocation costs a page fault per 4 KiB at each call. Within one
+    collective every copy gets its own buffer. Bounded; the oldest go first."""
+
+    LIMIT = 512 << 20
+
+    def __init__(self):
+        self._buffers = {}
+        self._taken = {}
+
+    def begin(self):
+        """A new collective: every buffer is free again."""
+        self._taken.clear()
+
+    def copies(self, tensors):
+        """Host copies of tpu tensors (reading them runs what fused mode recorded)."""
+        out = []
+        for t in tensors:
+            shape = (t.dtype, tuple(t.shape))
+            n = self._taken[shape] = self._taken.get(shape, -1) + 1
+            buf = self._buffers.pop((shape, n), None)
+            if buf is None:
+                buf = torch.empty(t.shape, dtype=t.dtype)
+            buf.copy_(t.detach())
+            self._buffers[(shape, n)] = buf
+            out.append(buf)
+        while sum(b.nbytes for b in self._buffers.values()) > self.LIMIT and len(self._buffers) > len(out):
+            del self._buffers[next(iter(self._buffers))]
+        return out
 
 
 def _write(tensors, values):
@@ -96,6 +123,8 @@ class TpuBackend(C10DBackend):
         self._options = options or C10DBackend.Options(NAME, timeout=timeout)
         self._gloo = dist.ProcessGroupGloo(dist.PrefixStore("gloo/", store), rank, size, timeout)
         self._seq = 0
+        self._staging = _Staging()
+        self._host = self._staging.copies
 
     @property
     def options(self):
@@ -110,6 +139,7 @@ class TpuBackend(C10DBackend):
         """Exchanges this call's descriptor with the group's members; raises
         on every rank if they differ."""
         self._seq += 1
+        self._staging.begin()
         first = tensors[0] if tensors else None
         sizes = list(first.shape)[:4] if first is not None else []
         mine = [self._seq, _COLLECTIVES.index(collective),
@@ -158,14 +188,14 @@ class TpuBackend(C10DBackend):
 
     def broadcast(self, tensor_list, opts):
         self._check("broadcast", tensor_list, root=opts.rootRank)
-        host = _host(tensor_list)
+        host = self._host(tensor_list)
         self._gloo.broadcast(host, self._opts(BroadcastOptions(), rootRank=opts.rootRank)).wait()
         _write(tensor_list, host)
         return _done(tensor_list)
 
     def allreduce(self, tensor_list, opts):
         self._check("allreduce", tensor_list, op=opts.reduceOp)
-        host = self._reduced(_host(tensor_list), opts.reduceOp)
+        host = self._reduced(self._host(tensor_list), opts.reduceOp)
         self._gloo.allreduce(host, self._opts(AllreduceOptions(), reduceOp=self._gloo_op(opts.reduceOp))).wait()
         _write(tensor_list, self._finish(host, opts.reduceOp))
         return _done(tensor_list)
@@ -177,7 +207,7 @@ class TpuBackend(C10DBackend):
 
     def reduce(self, tensor_list, opts):
         self._check("reduce", tensor_list, root=opts.rootRank, op=opts.reduceOp)
-        host = self._reduced(_host(tensor_list), opts.reduceOp)
+        host = self._reduced(self._host(tensor_list), opts.reduceOp)
         gloo_opts = self._opts(ReduceOptions(), rootRank=opts.rootRank, reduceOp=self._gloo_op(opts.reduceOp))
         self._gloo.reduce(host, gloo_opts).wait()
         if self.rank() == opts.rootRank:
@@ -186,8 +216,8 @@ class TpuBackend(C10DBackend):
 
     def allgather(self, output_tensors, input_tensors, opts):
         self._check("allgather", input_tensors)
-        outs = [_host(o) for o in output_tensors]
-        self._gloo.allgather(outs, _host(input_tensors)).wait()
+        outs = [self._host(o) for o in output_tensors]
+        self._gloo.allgather(outs, self._host(input_tensors)).wait()
         for o, h in zip(output_tensors, outs):
             _write(o, h)
         return _done(output_tensors)
@@ -206,24 +236,24 @@ class TpuBackend(C10DBackend):
 
     def gather(self, output_tensors, input_tensors, opts):
         self._check("gather", input_tensors, root=opts.rootRank)
-        outs = [_host(o) for o in output_tensors]
-        self._gloo.gather(outs, _host(input_tensors), self._opts(GatherOptions(), rootRank=opts.rootRank)).wait()
+        outs = [self._host(o) for o in output_tensors]
+        self._gloo.gather(outs, self._host(input_tensors), self._opts(GatherOptions(), rootRank=opts.rootRank)).wait()
         for o, h in zip(output_tensors, outs):
             _write(o, h)
         return _done(output_tensors)
 
     def scatter(self, output_tensors, input_tensors, opts):
         self._check("scatter", output_tensors, root=opts.rootRank)
-        outs = _host(output_tensors)
-        ins = [_host(i) for i in input_tensors]
+        outs = self._host(output_tensors)
+        ins = [self._host(i) for i in input_tensors]
         self._gloo.scatter(outs, ins, self._opts(ScatterOptions(), rootRank=opts.rootRank)).wait()
         _write(output_tensors, outs)
         return _done(output_tensors)
 
     def reduce_scatter(self, output_tensors, input_tensors, opts):
         self._check("reduce_scatter", output_tensors, op=opts.reduceOp)
-        outs = _host(output_tensors)
-        ins = [self._reduced(_host(i), opts.reduceOp) for i in input_tensors]
+        outs = self._host(output_tensors)
+        ins = [self._reduced(self._host(i), opts.reduceOp) for i in input_tensors]
         gloo_opts = self._opts(ReduceScatterOptions(), reduceOp=self._gloo_op(opts.reduceOp))
         self._gloo.reduce_scatter(outs, ins, gloo_opts).wait()
         _write(output_tensors, self._finish(outs, opts.reduceOp))
@@ -232,7 +262,7 @@ class TpuBackend(C10DBackend):
     def reduce_scatter_single(self, output, input, opts):
         self._check("reduce_scatter_single", [output], op=opts.reduceOp)
         out = torch.empty(output.shape, dtype=output.dtype)
-        (inp,) = self._reduced(_host([input]), opts.reduceOp)
+        (inp,) = self._reduced(self._host([input]), opts.reduceOp)
         gloo_opts = self._opts(ReduceScatterOptions(), reduceOp=self._gloo_op(opts.reduceOp))
         self._gloo._reduce_scatter_base(out, inp, gloo_opts).wait()
         _write([output], self._finish([out], opts.reduceOp))
@@ -253,8 +283,8 @@ class TpuBackend(C10DBackend):
 
     def alltoall(self, output_tensors, input_tensors, opts):
         self._check("alltoall", input_tensors)
-        outs = _host(output_tensors)
-        self._gloo.alltoall(outs, _host(input_tensors), AllToAllOptions()).wait()
+        outs = self._host(output_tensors)
+        self._gloo.alltoall(outs, self._host(input_tensors), AllToAllOptions()).wait()
         _write(output_tensors, outs)
         return _done(output_tensors)
 
@@ -265,11 +295,13 @@ class TpuBackend(C10DBackend):
 
     def send(self, tensor_list, dst, tag=0):
         # Point-to-point: no group-wide descriptor (the other members take no part).
-        self._gloo.send(_host(tensor_list), dst, tag).wait()
+        self._staging.begin()
+        self._gloo.send(self._host(tensor_list), dst, tag).wait()
         return _done(tensor_list)
 
     def recv(self, tensor_list, src, tag=0):
-        host = _host(tensor_list)
+        self._staging.begin()
+        host = self._host(tensor_list)
         self._gloo.recv(host, src, tag).wait()
         _write(tensor_list, host)
         return _done(tensor_list)
