@@ -135,16 +135,17 @@ class TpuBackend(C10DBackend):
 
     # -------------------------------------------------------------- checks
 
-    def _check(self, collective, tensors=(), root=-1, op=None):
+    def _check(self, collective, tensors=(), root=-1, op=None, sized=True):
         """Exchanges this call's descriptor with the group's members; raises
-        on every rank if they differ."""
+        on every rank if they differ. `sized=False`: members may legitimately
+        pass different sizes (all-to-all's splits)."""
         self._seq += 1
         self._staging.begin()
         first = tensors[0] if tensors else None
-        sizes = list(first.shape)[:4] if first is not None else []
+        sizes = list(first.shape)[:4] if first is not None and sized else []
         mine = [self._seq, _COLLECTIVES.index(collective),
                 _DTYPES.index(first.dtype) if first is not None and first.dtype in _DTYPES else -1,
-                sum(t.numel() for t in tensors), len(tensors), root,
+                sum(t.numel() for t in tensors) if sized else -1, len(tensors), root,
                 int(op.op) if op is not None else -1, len(sizes)] + sizes + [0] * (4 - len(sizes))
         gathered = [torch.zeros(len(mine), dtype=torch.int64) for _ in range(self.size())]
         self._gloo.allgather([gathered], [torch.tensor(mine)]).wait()
@@ -157,8 +158,9 @@ class TpuBackend(C10DBackend):
         seq, coll, dtype, numel, count, root, op, ndim = d[:8]
         what = f"{_COLLECTIVES[coll]} #{seq}"
         if dtype >= 0:
-            what += f" of {count} {str(_DTYPES[dtype]).removeprefix('torch.')} tensor(s), sizes {d[8:8 + ndim]}"
-            what += f", {numel} elements"
+            what += f" of {count} {str(_DTYPES[dtype]).removeprefix('torch.')} tensor(s)"
+        if numel >= 0:
+            what += f", sizes {d[8:8 + ndim]}, {numel} elements"
         if root >= 0:
             what += f", root {root}"
         if op >= 0:
@@ -168,8 +170,8 @@ class TpuBackend(C10DBackend):
     # -------------------------------------------------------------- reductions
 
     def _reduced(self, values, reduce_op):
-        """Host values after gloo reduced them with `reduce_op`: AVG is a sum
-        divided by the group's size, PREMUL_SUM a sum of scaled values."""
+        """The values to hand gloo for `reduce_op` (gloo has neither AVG nor
+        PREMUL_SUM): PREMUL_SUM's are scaled first, then summed."""
         if reduce_op.op == ReduceOp.PREMUL_SUM:
             factor = reduce_op.factor
             factor = factor.to("cpu") if isinstance(factor, torch.Tensor) else factor
@@ -177,6 +179,7 @@ class TpuBackend(C10DBackend):
         return values
 
     def _finish(self, values, reduce_op):
+        """gloo's results of `reduce_op`: AVG's sums divided by the group's size."""
         if reduce_op.op == ReduceOp.AVG:
             return [v / self.size() if v.is_floating_point() else v // self.size() for v in values]
         return values
@@ -274,7 +277,7 @@ class TpuBackend(C10DBackend):
         return _done(outputs)
 
     def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts):
-        self._check("all_to_all_single", [input])
+        self._check("all_to_all_single", [input], sized=False)
         out = torch.empty(output.shape, dtype=output.dtype)
         self._gloo.alltoall_base(out, input.detach().to("cpu"), output_split_sizes, input_split_sizes,
                                  AllToAllOptions()).wait()
@@ -282,7 +285,7 @@ class TpuBackend(C10DBackend):
         return _done([output])
 
     def alltoall(self, output_tensors, input_tensors, opts):
-        self._check("alltoall", input_tensors)
+        self._check("alltoall", input_tensors, sized=False)
         outs = self._host(output_tensors)
         self._gloo.alltoall(outs, self._host(input_tensors), AllToAllOptions()).wait()
         _write(output_tensors, outs)

@@ -58,13 +58,12 @@ _DTYPES = {
     "f32": torch.float32, "f64": torch.float64, "ui32": torch.uint32, "ui64": torch.uint64,
     "complex<f32>": torch.complex64, "complex<f64>": torch.complex128,
 }
-_JAX_DTYPES = {
-    torch.bool: "bool", torch.uint8: "uint8", torch.int8: "int8", torch.int16: "int16",
-    torch.int32: "int32", torch.int64: "int64", torch.float16: "float16",
-    torch.bfloat16: "bfloat16", torch.float32: "float32", torch.float64: "float64",
-    torch.uint32: "uint32", torch.uint64: "uint64", torch.complex64: "complex64",
-    torch.complex128: "complex128",
-}
+
+
+def _jax_dtype(dtype):
+    return str(dtype).removeprefix("torch.")  # JAX's name of the same dtype
+
+
 # Python numbers are traced as JAX traces them: weakly typed 32-bit scalars
 # (under torch.compile they may arrive symbolic).
 _NUMBERS = {bool: torch.bool, int: torch.int32, float: torch.float32,
@@ -95,7 +94,7 @@ _BY_ID: dict[int, _Lowered] = {}
 
 def _platform():
     platform, version = _C.platform()
-    return platform, version or "1.0.0"
+    return platform, version or "1.0.0"  # a plugin that does not say: StableHLO's first stable release
 
 
 @functools.cache
@@ -103,10 +102,7 @@ def _interpret_pallas_on_cpu():
     """`pallas_call` has no compiled lowering on CPU: lower it in interpret
     mode there (plain `stablehlo.while` loops), so one source runs on every
     plugin. Other platforms keep their Mosaic/Triton lowerings."""
-    try:
-        from jax._src.pallas import pallas_call as pc
-    except ImportError:  # pragma: no cover - pallas ships with jax
-        return
+    from jax._src.pallas import pallas_call as pc
 
     def rule(ctx, *args, interpret, **params):
         return pc._pallas_call_lowering(ctx, *args, interpret=interpret or True, **params)
@@ -179,7 +175,7 @@ def _check_custom_calls(name, module, platform):
     module.operation.walk(visit)
 
 
-def _register(name, fn, avals, out_count=None):
+def _register(name, fn, avals):
     platform, version = _platform()
     functions, entry, inputs, outputs, out_tree = _lower_module(name, fn, avals, platform, version)
     kernel_id = _C.kernel_register(name, entry, functions, inputs, outputs)
@@ -211,10 +207,10 @@ class _Kernel:
             if i in self.static or a is None:
                 layout.append(("static", a))
             elif isinstance(a, torch.Tensor):
-                avals.append(jax.ShapeDtypeStruct(tuple(map(int, a.shape)), _JAX_DTYPES[a.dtype]))
+                avals.append(jax.ShapeDtypeStruct(tuple(map(int, a.shape)), _jax_dtype(a.dtype)))
                 layout.append(("dynamic", None))
             else:  # a Python number
-                avals.append(jax.ShapeDtypeStruct((), _JAX_DTYPES[_NUMBERS[type(a)]], weak_type=True))
+                avals.append(jax.ShapeDtypeStruct((), _jax_dtype(_NUMBERS[type(a)]), weak_type=True))
                 layout.append(("dynamic", None))
 
         def call(*dynamic):
@@ -259,7 +255,7 @@ class _Kernel:
             grads = vjp(jax.tree_util.tree_unflatten(trees["out"], cts))
             return [g for g, d in zip(grads, differentiable) if d]
 
-        residual_avals = [jax.ShapeDtypeStruct(s, _JAX_DTYPES[d]) for d, s in fwd_outputs[n_out:]]
+        residual_avals = [jax.ShapeDtypeStruct(s, _jax_dtype(d)) for d, s in fwd_outputs[n_out:]]
         if not any(differentiable):
             raise RuntimeError(f"kernel {self.name}: no floating input to differentiate")
         bwd_id, bwd_outputs, _ = _register(f"{self.name} (backward)", backward, residual_avals + trees["outputs"])

@@ -33,8 +33,20 @@ impl Event {
         }
     }
 
+    /// Whether the work before the event is done. Once the plugin's events
+    /// have all fired, only their callbacks may still be running: it waits
+    /// for those, so a query after `synchronize()` reads true, as on CUDA.
     pub fn is_done(&self) -> bool {
-        self.done_at.get().is_some()
+        if self.done_at.get().is_some() {
+            return true;
+        }
+        if !self.watched.lock().unwrap().iter().all(|e| e.is_ready().unwrap_or(true)) {
+            return false;
+        }
+        while self.done_at.get().is_none() {
+            std::thread::yield_now();
+        }
+        true
     }
 
     /// Blocks until the work before the event is done; the error of a
@@ -43,9 +55,7 @@ impl Event {
         for e in self.watched.lock().unwrap().iter() {
             let _ = e.await_ready();
         }
-        while !self.is_done() {
-            std::thread::yield_now(); // the last callback is running
-        }
+        self.is_done(); // the last callbacks may still be running
         match self.error.lock().unwrap().clone() {
             Some(e) => Err(Error::runtime(format!("torchtpu: work before this event failed: {e}"))),
             None => Ok(()),
@@ -57,6 +67,7 @@ impl Event {
         if !(self.timing && end.timing) {
             return Err(Error::value("Both events must be created with argument 'enable_timing=True'."));
         }
+        let _ = (self.is_done(), end.is_done());
         match (self.done_at.get(), end.done_at.get()) {
             (Some(a), Some(b)) => Ok((b.saturating_duration_since(*a).as_secs_f64()
                 - a.saturating_duration_since(*b).as_secs_f64())
