@@ -218,8 +218,13 @@ def _reference(name):
     return _CPU[name]
 
 
-@pytest.mark.parametrize("eager", ["fused", "strict"])
-@pytest.mark.parametrize("name", list(MODELS))
+# Every model in fused mode; in strict mode all but the two slowest vision
+# models, whose ops ResNet-18 and ViT run in strict mode too (CI budget).
+CASES = [(name, eager) for name in MODELS for eager in ("fused", "strict")
+         if eager == "fused" or name not in ("mobilenet_v3_small", "convnext_tiny")]
+
+
+@pytest.mark.parametrize("name,eager", CASES)
 def test_model_trains_as_on_cpu(name, eager):
     initial, batches, cpu_losses, cpu_tokens = _reference(name)
     _, _, loss_fn, optimizer, generative = MODELS[name]
