@@ -36,9 +36,6 @@ from torch._C._distributed_c10d import (
 
 NAME = "pjrt"
 
-_GLOO_OPS = {ReduceOp.SUM: ReduceOp.SUM, ReduceOp.PRODUCT: ReduceOp.PRODUCT, ReduceOp.MIN: ReduceOp.MIN,
-             ReduceOp.MAX: ReduceOp.MAX, ReduceOp.BAND: ReduceOp.BAND, ReduceOp.BOR: ReduceOp.BOR,
-             ReduceOp.BXOR: ReduceOp.BXOR, ReduceOp.AVG: ReduceOp.SUM, ReduceOp.PREMUL_SUM: ReduceOp.SUM}
 _COLLECTIVES = ["broadcast", "allreduce", "reduce", "allgather", "all_gather_single", "gather", "scatter",
                 "reduce_scatter", "reduce_scatter_single", "all_to_all_single", "alltoall", "barrier",
                 "send", "recv"]
@@ -184,8 +181,10 @@ class TpuBackend(C10DBackend):
             return [v / self.size() if v.is_floating_point() else v // self.size() for v in values]
         return values
 
-    def _gloo_op(self, reduce_op):
-        return _GLOO_OPS[reduce_op.op]
+    @staticmethod
+    def _gloo_op(reduce_op):
+        """gloo's op for `reduce_op`: AVG and PREMUL_SUM are sums (see `_reduced`)."""
+        return ReduceOp.SUM if reduce_op.op in (ReduceOp.AVG, ReduceOp.PREMUL_SUM) else reduce_op.op
 
     # -------------------------------------------------------------- collectives
 

@@ -206,12 +206,12 @@ class _Kernel:
         for i, a in enumerate(args):
             if i in self.static or a is None:
                 layout.append(("static", a))
-            elif isinstance(a, torch.Tensor):
-                avals.append(jax.ShapeDtypeStruct(tuple(map(int, a.shape)), _jax_dtype(a.dtype)))
+            else:
                 layout.append(("dynamic", None))
-            else:  # a Python number
-                avals.append(jax.ShapeDtypeStruct((), _jax_dtype(_NUMBERS[type(a)]), weak_type=True))
-                layout.append(("dynamic", None))
+                if isinstance(a, torch.Tensor):
+                    avals.append(jax.ShapeDtypeStruct(tuple(map(int, a.shape)), _jax_dtype(a.dtype)))
+                else:  # a Python number
+                    avals.append(jax.ShapeDtypeStruct((), _jax_dtype(_NUMBERS[type(a)]), weak_type=True))
 
         def call(*dynamic):
             it = iter(dynamic)
@@ -228,6 +228,9 @@ class _Kernel:
     def _lower_with_backward(self, call, avals):
         """A forward that also returns jax.vjp's residuals, and the backward
         kernel that takes (residuals, output cotangents) to input gradients."""
+        differentiable = [jax.numpy.issubdtype(a.dtype, jax.numpy.inexact) for a in avals]
+        if not any(differentiable):
+            raise RuntimeError(f"kernel {self.name}: no floating input to differentiate")
         trees = {}
 
         def forward(*dynamic):
@@ -245,7 +248,6 @@ class _Kernel:
                 f"it ({e.__cause__ or e}); give it a backward with jax.custom_vjp"
             ) from e
         n_out = len(trees["outputs"])
-        differentiable = [jax.numpy.issubdtype(a.dtype, jax.numpy.inexact) for a in avals]
 
         def backward(*args):
             residuals, cts = args[: len(args) - n_out], args[len(args) - n_out:]
@@ -256,8 +258,6 @@ class _Kernel:
             return [g for g, d in zip(grads, differentiable) if d]
 
         residual_avals = [jax.ShapeDtypeStruct(s, _jax_dtype(d)) for d, s in fwd_outputs[n_out:]]
-        if not any(differentiable):
-            raise RuntimeError(f"kernel {self.name}: no floating input to differentiate")
         bwd_id, bwd_outputs, _ = _register(f"{self.name} (backward)", backward, residual_avals + trees["outputs"])
         _BY_ID[bwd_id] = _Lowered(f"{self.name} (backward)", bwd_id, bwd_outputs, None)
         return _Lowered(self.name, fwd_id, fwd_outputs, trees["out"], backward=(n_out, bwd_id, differentiable))

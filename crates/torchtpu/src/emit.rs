@@ -145,6 +145,23 @@ impl Emitter<'_> {
         );
     }
 
+    /// `%vN:k = "op"(args) {attrs} : (arg types) -> (result types)`: an op
+    /// with several results (its later ones are `Op::Result` nodes).
+    fn multi_line(&mut self, v: V, op: &str, attrs: &str, results: &[Ty]) {
+        let node = &self.g.nodes[v];
+        let args: Vec<String> = node.args.iter().map(|&a| self.name(a)).collect();
+        let types: Vec<String> = node.args.iter().map(|&a| self.ty(a)).collect();
+        let outs: Vec<String> = results.iter().map(tensor).collect();
+        let count = if results.len() > 1 { format!(":{}", results.len()) } else { String::new() };
+        let _ = writeln!(
+            self.out,
+            "    %v{v}{count} = \"{op}\"({}) {{{attrs}}} : ({}) -> ({})",
+            args.join(", "),
+            types.join(", "),
+            outs.join(", ")
+        );
+    }
+
     /// A splat (one element in `bits`) or a 1-D constant.
     fn constant(&mut self, name: &str, bits: &[i64], ty: &Ty) {
         // f16/bf16 literals are written as f32 and converted, exactly.
@@ -281,32 +298,14 @@ impl Emitter<'_> {
                 "stablehlo.fft",
                 &format!("fft_type = #stablehlo<fft_type {kind}>, fft_length = {}", array(length)),
             ),
-            Op::CustomCall { target, config, results } => {
-                let args: Vec<String> = node.args.iter().map(|&a| self.name(a)).collect();
-                let types: Vec<String> = node.args.iter().map(|&a| self.ty(a)).collect();
-                let outs: Vec<String> = results.iter().map(tensor).collect();
-                let count = if results.len() > 1 { format!(":{}", results.len()) } else { String::new() };
-                let _ = writeln!(
-                    self.out,
-                    "    %v{v}{count} = \"stablehlo.custom_call\"({}) {{call_target_name = \"{target}\", backend_config = \"{config}\"}} : ({}) -> ({})",
-                    args.join(", "),
-                    types.join(", "),
-                    outs.join(", ")
-                );
-            }
+            Op::CustomCall { target, config, results } => self.multi_line(
+                v,
+                "stablehlo.custom_call",
+                &format!("call_target_name = \"{target}\", backend_config = \"{config}\""),
+                results,
+            ),
             Op::Call(kernel) => {
-                let args: Vec<String> = node.args.iter().map(|&a| self.name(a)).collect();
-                let types: Vec<String> = node.args.iter().map(|&a| self.ty(a)).collect();
-                let outs: Vec<String> = kernel.outputs.iter().map(tensor).collect();
-                let count = if outs.len() > 1 { format!(":{}", outs.len()) } else { String::new() };
-                let _ = writeln!(
-                    self.out,
-                    "    %v{v}{count} = \"func.call\"({}) {{callee = @{}}} : ({}) -> ({})",
-                    args.join(", "),
-                    kernel.entry,
-                    types.join(", "),
-                    outs.join(", ")
-                );
+                self.multi_line(v, "func.call", &format!("callee = @{}", kernel.entry), &kernel.outputs)
             }
             Op::RngBits => {
                 let key = self.name(node.args[0]);

@@ -505,17 +505,20 @@ impl Graph {
     /// The results of custom call `target` (see [`Op::CustomCall`]).
     pub fn custom_call(&mut self, target: &'static str, config: &str, args: &[V], results: &[Ty]) -> Vec<V> {
         let op = Op::CustomCall { target, config: config.into(), results: results.to_vec() };
-        let call = self.push(op, args.to_vec(), results[0].clone());
-        let rest = (1..results.len()).map(|n| self.push(Op::Result(n), vec![call], results[n].clone()));
-        std::iter::once(call).chain(rest.collect::<Vec<_>>()).collect()
+        self.multi(op, args, results)
+    }
+
+    /// The nodes of a multi-result op: the op itself (its first result), then
+    /// an [`Op::Result`] per further result.
+    fn multi(&mut self, op: Op, args: &[V], results: &[Ty]) -> Vec<V> {
+        let first = self.push(op, args.to_vec(), results[0].clone());
+        let rest = (1..results.len()).map(|n| self.push(Op::Result(n), vec![first], results[n].clone()));
+        std::iter::once(first).chain(rest.collect::<Vec<_>>()).collect()
     }
 
     /// The results of a call of `kernel` (see [`Op::Call`]).
     pub fn call(&mut self, kernel: &std::sync::Arc<crate::kernel::Kernel>, args: &[V]) -> Vec<V> {
-        let results = &kernel.outputs;
-        let call = self.push(Op::Call(kernel.clone()), args.to_vec(), results[0].clone());
-        let rest = (1..results.len()).map(|n| self.push(Op::Result(n), vec![call], results[n].clone()));
-        std::iter::once(call).chain(rest.collect::<Vec<_>>()).collect()
+        self.multi(Op::Call(kernel.clone()), args, &kernel.outputs)
     }
 
     /// Uniformly random bits of `dtype` (u32 or u64 shaped) from a u64[2] key.
