@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-import torchtpu  # noqa: F401
+import torchtpu
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
 from workloads import mlp_model  # noqa: E402
@@ -285,6 +285,100 @@ def mismatch():
     dist.all_reduce(x)  # the group is still usable
     _same(x, torch.full((4,), float(world)), "all_reduce after a mismatch")
     dist.destroy_process_group()
+
+
+def collective_programs():
+    """The collective programs of GPU and TPU plugins, replicated over the
+    devices of one process (TORCHTPU_DEVICE_COUNT), equal gloo's results on
+    the same values (gloo's ranks as threads of this process)."""
+    import threading
+
+    n = torch.tpu.device_count()
+    devices = [torch.device("tpu", i) for i in range(n)]
+    ids = list(range(n))
+
+    def on_gloo(fn, values):
+        """fn(group, rank, value) on every rank of an in-process gloo group."""
+        store, results, errors = dist.HashStore(), [None] * n, []
+
+        def rank_main(rank):
+            try:
+                group = dist.ProcessGroupGloo(store, rank, n, TIMEOUT)
+                results[rank] = fn(group, rank, values[rank].clone())
+            except Exception as e:  # noqa: BLE001 (raised below, on the main thread)
+                errors.append(e)
+
+        threads = [threading.Thread(target=rank_main, args=(r,)) for r in range(n)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if errors:
+            raise errors[0]
+        return results
+
+    def on_tpu(kind, values, out_shape, op="sum", scale=1.0, root=0, pairs=()):
+        ins = [v.to(d) for v, d in zip(values, devices)]
+        outs = [torch.full(out_shape, -7, dtype=v.dtype, device=d) for v, d in zip(values, devices)]
+        torch.ops.torchtpu.collective(kind, op, scale, root, list(pairs), ids, ins, outs)
+        assert all(o.device == d for o, d in zip(outs, devices))
+        return outs
+
+    def same(what, tpu, cpu):
+        # gloo rounds bfloat16 sums at every step, XLA once: an ulp of the values (|v| < 16) apart.
+        tol = {"atol": 0.0625, "rtol": 0.016} if tpu[0].dtype == torch.bfloat16 else {}
+        for r, (t, c) in enumerate(zip(tpu, cpu)):
+            torch.testing.assert_close(t.cpu(), c, msg=lambda m: f"{what}, replica {r}: {m}", **tol)
+
+    def allreduce(op, scale=1.0):
+        def fn(g, rank, v):
+            if op == dist.ReduceOp.PREMUL_SUM:
+                v = v * scale
+            g.allreduce([v], dist.AllreduceOptions() if op in (dist.ReduceOp.AVG, dist.ReduceOp.PREMUL_SUM)
+                        else _opts(dist.AllreduceOptions(), reduceOp=op)).wait()
+            return v / n if op == dist.ReduceOp.AVG else v
+        return fn
+
+    g = torch.Generator().manual_seed(0)
+    before = torchtpu.metrics()["collectives"]
+    for dtype in (torch.float32, torch.bfloat16, torch.int64):
+        values = [(torch.randn(6, 3, generator=g) * 4).to(dtype) for _ in range(n)]
+        ops = {"sum": dist.ReduceOp.SUM, "product": dist.ReduceOp.PRODUCT, "max": dist.ReduceOp.MAX,
+               "min": dist.ReduceOp.MIN}
+        if dtype.is_floating_point:
+            ops.update(avg=dist.ReduceOp.AVG, premul_sum=dist.ReduceOp.PREMUL_SUM)
+        for name, op in ops.items():
+            same(f"all_reduce {name} {dtype}", on_tpu("all_reduce", values, (6, 3), op=name, scale=0.25),
+                 on_gloo(allreduce(op, 0.25), values))
+        def into(call, shape):
+            """A gloo collective that writes a new tensor of `shape`."""
+            def fn(g, rank, v):
+                out = torch.empty(shape, dtype=v.dtype)
+                call(g, out, v).wait()
+                return out
+            return fn
+
+        big = [v.repeat(n, 1) for v in values]
+        same(f"all_gather {dtype}", on_tpu("all_gather", values, (6 * n, 3)),
+             on_gloo(into(lambda g, o, v: g._allgather_base(o, v), (6 * n, 3)), values))
+        same(f"reduce_scatter {dtype}", on_tpu("reduce_scatter", big, (6, 3)),
+             on_gloo(into(lambda g, o, v: g._reduce_scatter_base(o, v), (6, 3)), big))
+        same(f"all_to_all {dtype}", on_tpu("all_to_all", big, (6 * n, 3)),
+             on_gloo(into(lambda g, o, v: g.alltoall_base(o, v, [], [], dist.AllToAllOptions()), (6 * n, 3)), big))
+        same(f"broadcast {dtype}", on_tpu("broadcast", values, (6, 3), root=n - 1),
+             on_gloo(into(lambda g, o, v: g.broadcast([o.copy_(v)], _opts(dist.BroadcastOptions(), rootRank=n - 1)),
+                          (6, 3)), values))
+    ring = [(r, (r + 1) % n) for r in range(n)]
+    values = [torch.full((5,), float(r)) for r in range(n)]
+    same("permute", on_tpu("permute", values, (5,), pairs=[i for p in ring for i in p]),
+         [values[(r - 1) % n] for r in range(n)])
+    assert torchtpu.metrics()["collectives"] - before == 10 + 10 + 8 + 1
+
+
+def _opts(options, **fields):
+    for k, v in fields.items():
+        setattr(options, k, v)
+    return options
 
 
 if __name__ == "__main__":

@@ -65,6 +65,10 @@ def test_mismatched_collectives_raise_on_every_rank():
     launch("mismatch", env={"DIST_TIMEOUT": "20"})
 
 
+def test_collective_programs_over_the_devices_of_one_process_equal_gloo():
+    launch("collective_programs", world=1, env={"TORCHTPU_DEVICE_COUNT": "4"})
+
+
 def test_registered_for_tpu_tensors():
     import torch.distributed as dist
 

@@ -20,7 +20,8 @@ fn main() {
     let torch = torch_dir();
     let include = torch.join("include");
     let lib = torch.join("lib");
-    let sources = ["csrc/autocast.cpp", "csrc/device.cpp", "csrc/dispatch.cpp", "csrc/graph.cpp"];
+    let sources =
+        ["csrc/autocast.cpp", "csrc/collective.cpp", "csrc/device.cpp", "csrc/dispatch.cpp", "csrc/graph.cpp"];
     cc::Build::new()
         .cpp(true)
         .std("c++20")

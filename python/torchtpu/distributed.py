@@ -74,19 +74,39 @@ _done = _Done
 
 
 class _Staging:
-    """Host buffers for the transport, reused across collectives: a fresh
-    large allocation costs a page fault per 4 KiB at each call. Within one
-    collective every copy gets its own buffer. Bounded; the oldest go first."""
+    """Host tensors handed to gloo. Copies of tpu tensors reuse buffers
+    across collectives (a fresh large allocation costs a page fault per
+    4 KiB at each call); within one collective every copy gets its own
+    buffer. Bounded; the oldest go first.
+
+    Each tensor handed to gloo is also held by a C++ reference until the
+    next collective. gloo's worker thread drops its own reference after the
+    Work completes; were that the last one besides Python's, it would take
+    the GIL to release the Python object, and a process exiting right after
+    its last collective would abort ("terminate called without an active
+    exception", PyTorch's issue #190489)."""
 
     LIMIT = 512 << 20
 
     def __init__(self):
         self._buffers = {}
         self._taken = {}
+        self._pins = []
 
     def begin(self):
         """A new collective: every buffer is free again."""
         self._taken.clear()
+        self._pins.clear()
+
+    def pin(self, tensors):
+        """`tensors`, held until the next collective (see above)."""
+        tensors = list(tensors)
+        if tensors:
+            self._pins.append(torch._C.ScriptList(tensors))
+        return tensors
+
+    def empty(self, shape, dtype):
+        return self.pin([torch.empty(shape, dtype=dtype)])[0]
 
     def copies(self, tensors):
         """Host copies of tpu tensors (reading them runs what fused mode recorded)."""
@@ -102,7 +122,7 @@ class _Staging:
             out.append(buf)
         while sum(b.nbytes for b in self._buffers.values()) > self.LIMIT and len(self._buffers) > len(out):
             del self._buffers[next(iter(self._buffers))]
-        return out
+        return self.pin(out)
 
 
 def _write(tensors, values):
@@ -144,8 +164,8 @@ class TpuBackend(C10DBackend):
                 _DTYPES.index(first.dtype) if first is not None and first.dtype in _DTYPES else -1,
                 sum(t.numel() for t in tensors) if sized else -1, len(tensors), root,
                 int(op.op) if op is not None else -1, len(sizes)] + sizes + [0] * (4 - len(sizes))
-        gathered = [torch.zeros(len(mine), dtype=torch.int64) for _ in range(self.size())]
-        self._gloo.allgather([gathered], [torch.tensor(mine)]).wait()
+        gathered = self._staging.pin(torch.zeros(len(mine), dtype=torch.int64) for _ in range(self.size()))
+        self._gloo.allgather([gathered], self._staging.pin([torch.tensor(mine)])).wait()
         if any(g.tolist() != gathered[0].tolist() for g in gathered):
             calls = "; ".join(f"rank {r}: {self._describe(g.tolist())}" for r, g in enumerate(gathered))
             raise RuntimeError(f"torchtpu: collectives do not match across the group: {calls}")
@@ -172,7 +192,7 @@ class TpuBackend(C10DBackend):
         if reduce_op.op == ReduceOp.PREMUL_SUM:
             factor = reduce_op.factor
             factor = factor.to("cpu") if isinstance(factor, torch.Tensor) else factor
-            values = [v * factor for v in values]
+            values = self._staging.pin(v * factor for v in values)
         return values
 
     def _finish(self, values, reduce_op):
@@ -226,8 +246,9 @@ class TpuBackend(C10DBackend):
 
     def all_gather_single(self, output, input, opts):
         self._check("all_gather_single", [input])
-        out = torch.empty(output.shape, dtype=output.dtype)
-        self._gloo._allgather_base(out, input.detach().to("cpu")).wait()
+        out = self._staging.empty(output.shape, output.dtype)
+        (inp,) = self._host([input])
+        self._gloo._allgather_base(out, inp).wait()
         _write([output], [out])
         return _done([output])
 
@@ -263,7 +284,7 @@ class TpuBackend(C10DBackend):
 
     def reduce_scatter_single(self, output, input, opts):
         self._check("reduce_scatter_single", [output], op=opts.reduceOp)
-        out = torch.empty(output.shape, dtype=output.dtype)
+        out = self._staging.empty(output.shape, output.dtype)
         (inp,) = self._reduced(self._host([input]), opts.reduceOp)
         gloo_opts = self._opts(ReduceScatterOptions(), reduceOp=self._gloo_op(opts.reduceOp))
         self._gloo._reduce_scatter_base(out, inp, gloo_opts).wait()
@@ -277,9 +298,9 @@ class TpuBackend(C10DBackend):
 
     def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts):
         self._check("all_to_all_single", [input], sized=False)
-        out = torch.empty(output.shape, dtype=output.dtype)
-        self._gloo.alltoall_base(out, input.detach().to("cpu"), output_split_sizes, input_split_sizes,
-                                 AllToAllOptions()).wait()
+        out = self._staging.empty(output.shape, output.dtype)
+        (inp,) = self._host([input])
+        self._gloo.alltoall_base(out, inp, output_split_sizes, input_split_sizes, AllToAllOptions()).wait()
         _write([output], [out])
         return _done([output])
 

@@ -65,14 +65,42 @@ impl LoadedExecutable {
     /// their index is in `non_donatable`. Passing the same buffer twice to donated
     /// parameters is an error: mark the duplicates non-donatable.
     pub fn execute(&self, args: &[&Buffer], device: Device<'_>, non_donatable: &[i64]) -> Result<Vec<Buffer>> {
-        if let Some(i) = args.iter().position(|b| !Arc::ptr_eq(b.client(), &self.client)) {
+        let execute_device = self.launch_device(device)?;
+        let mut outputs = self.launch(&[args], execute_device, non_donatable)?;
+        Ok(outputs.remove(0))
+    }
+
+    /// Runs a replicated program (see
+    /// [`Client::compile_replicated`](crate::Client::compile_replicated)) on its
+    /// addressable devices: `args[i]` are the arguments of the i-th, in replica
+    /// order; returns each one's outputs. No argument is donated.
+    pub fn execute_replicated(&self, args: &[Vec<&Buffer>]) -> Result<Vec<Vec<Buffer>>> {
+        if args.len() != self.devices.len() {
+            return Err(Error::invalid_argument(format!(
+                "the program runs on {} addressable device(s), got arguments for {}",
+                self.devices.len(),
+                args.len()
+            )));
+        }
+        let lists: Vec<&[&Buffer]> = args.iter().map(Vec::as_slice).collect();
+        let all: Vec<i64> = (0..args.first().map_or(0, Vec::len) as i64).collect();
+        self.launch(&lists, ptr::null_mut(), &all)
+    }
+
+    /// One execute call: `args[i]` on the i-th device (or on `execute_device`).
+    fn launch(
+        &self,
+        args: &[&[&Buffer]],
+        execute_device: *mut sys::PJRT_Device,
+        non_donatable: &[i64],
+    ) -> Result<Vec<Vec<Buffer>>> {
+        if let Some(i) = args.iter().flat_map(|a| a.iter()).position(|b| !Arc::ptr_eq(b.client(), &self.client)) {
             return Err(Error::invalid_argument(format!("argument {i} belongs to another client")));
         }
-        let execute_device = self.launch_device(device)?;
-        let inputs: Vec<_> = args.iter().map(|b| b.raw()).collect();
-        let mut outputs = vec![ptr::null_mut::<sys::PJRT_Buffer>(); self.num_outputs];
-        let input_list = inputs.as_ptr();
-        let output_list = outputs.as_mut_ptr();
+        let inputs: Vec<Vec<_>> = args.iter().map(|a| a.iter().map(|b| b.raw()).collect()).collect();
+        let mut outputs = vec![vec![ptr::null_mut::<sys::PJRT_Buffer>(); self.num_outputs]; args.len()];
+        let input_lists: Vec<_> = inputs.iter().map(|i| i.as_ptr()).collect();
+        let output_lists: Vec<_> = outputs.iter_mut().map(|o| o.as_mut_ptr()).collect();
 
         let mut options = sys::PJRT_ExecuteOptions::zeroed();
         options.non_donatable_input_indices = non_donatable.as_ptr();
@@ -80,15 +108,18 @@ impl LoadedExecutable {
         let mut exec = sys::PJRT_LoadedExecutable_Execute_Args::zeroed();
         exec.executable = self.raw.as_ptr();
         exec.options = &mut options;
-        exec.argument_lists = &input_list;
-        exec.num_devices = 1;
-        exec.num_args = inputs.len();
-        exec.output_lists = &output_list;
+        exec.argument_lists = input_lists.as_ptr();
+        exec.num_devices = args.len();
+        exec.num_args = inputs.first().map_or(0, Vec::len);
+        exec.output_lists = output_lists.as_ptr();
         exec.execute_device = execute_device;
-        // SAFETY: all pointers refer to locals that outlive the call; the output list
-        // has room for `num_outputs` buffers.
+        // SAFETY: all pointers refer to locals that outlive the call; each output
+        // list has room for `num_outputs` buffers.
         unsafe { call!(self.client.api, PJRT_LoadedExecutable_Execute, &mut exec) }?;
-        outputs.into_iter().map(|raw| Buffer::from_raw(self.client.clone(), raw)).collect()
+        outputs
+            .into_iter()
+            .map(|list| list.into_iter().map(|raw| Buffer::from_raw(self.client.clone(), raw)).collect())
+            .collect()
     }
 
     /// The `execute_device` to pass: none for the device the program was compiled for

@@ -221,3 +221,30 @@ fn handles_are_shared_across_threads() {
         }
     });
 }
+
+const ALL_REDUCE: &str = r#"
+func.func @main(%a: tensor<4xf32>) -> tensor<4xf32> {
+  %0 = "stablehlo.all_reduce"(%a) ({
+  ^bb0(%x: tensor<f32>, %y: tensor<f32>):
+    %s = stablehlo.add %x, %y : tensor<f32>
+    stablehlo.return %s : tensor<f32>
+  }) {replica_groups = dense<[[0, 1]]> : tensor<1x2xi64>} : (tensor<4xf32>) -> tensor<4xf32>
+  return %0 : tensor<4xf32>
+}
+"#;
+
+#[test]
+fn replicated_programs_run_collectives_across_devices() {
+    let client = client_with_devices(3);
+    let devices = client.addressable_devices();
+    // Replicas on devices 2 and 0, in that order.
+    let exe = client.compile_replicated(ALL_REDUCE, &[devices[2].id(), devices[0].id()]).unwrap();
+    let bytes = |v: &[f32]| v.iter().flat_map(|x| x.to_ne_bytes()).collect::<Vec<u8>>();
+    let a = client.buffer_from_host(&bytes(&[1., 2., 3., 4.]), ElementType::F32, &[4], devices[2]).unwrap();
+    let b = client.buffer_from_host(&bytes(&[10., 20., 30., 40.]), ElementType::F32, &[4], devices[0]).unwrap();
+    let outputs = exe.execute_replicated(&[vec![&a], vec![&b]]).unwrap();
+    for out in &outputs {
+        assert_eq!(download(&out[0]), [11., 22., 33., 44.]);
+    }
+    assert!(exe.execute_replicated(&[vec![&a]]).is_err());
+}

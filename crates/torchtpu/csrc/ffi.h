@@ -149,6 +149,13 @@ int tt_capture_end(const TtTensor* outputs, int64_t n);
 // is marked to flush after each of its calls).
 int tt_step_end(void);
 
+// torch.distributed's collective `kind` (see collective.rs) over the group's
+// devices (global ids, rank order): inputs[i] and outputs[i] are on the i-th
+// local one; `pairs` are permute's (source, target) ranks, flattened.
+int tt_collective(const char* kind, const char* op, double scale, int64_t root, const int64_t* pairs,
+                  int64_t npairs, const int64_t* devices, int64_t ndevices, const TtTensor* inputs,
+                  const TtTensor* outputs, int64_t n);
+
 int tt_device_count(int32_t* count);
 int tt_synchronize(int32_t device);
 

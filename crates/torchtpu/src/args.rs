@@ -117,7 +117,11 @@ pub enum Arg<'a> {
     Other,
 }
 
-unsafe fn slice<'a, T>(p: *const T, n: i64) -> &'a [T] {
+/// `n` elements at `p` (none when `p` is null).
+///
+/// # Safety
+/// `p` points to `n` live elements, or is null.
+pub unsafe fn slice<'a, T>(p: *const T, n: i64) -> &'a [T] {
     if n <= 0 || p.is_null() {
         &[]
     } else {

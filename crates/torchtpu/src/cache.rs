@@ -73,14 +73,14 @@ fn dump(mlir: &str, what: &str) -> Option<PathBuf> {
     Some(path)
 }
 
-/// Everything besides the program text that decides the executable (fixed
-/// once the runtime has started).
-fn identity(rt: &runtime::Runtime, portable: bool) -> &'static str {
+/// Everything besides the program text and placement that decides the
+/// executable (fixed once the runtime has started).
+fn identity(rt: &runtime::Runtime) -> &'static str {
     static IDENTITY: OnceLock<String> = OnceLock::new();
     IDENTITY.get_or_init(|| {
         let plugin = std::fs::metadata(&rt.plugin).map(|m| m.len()).unwrap_or(0);
         format!(
-            "torchtpu-cache-1|{}|{plugin}|{}|{}|portable={portable}|XLA_FLAGS={}",
+            "torchtpu-cache-1|{}|{plugin}|{}|{}|XLA_FLAGS={}",
             rt.plugin.display(),
             rt.client.platform_name(),
             rt.client.platform_version(),
@@ -93,11 +93,17 @@ fn identity(rt: &runtime::Runtime, portable: bool) -> &'static str {
 /// through the disk cache, an earlier one). `what` names the operation in
 /// error messages.
 pub fn compile(graph: &Graph, what: &str) -> Result<Arc<Program>> {
+    compile_on(graph, what, None)
+}
+
+/// [`compile`] for one device (`replicas` None: with several devices one
+/// portable executable serves them all) or replicated over `replicas`
+/// (global device ids, in replica order).
+pub fn compile_on(graph: &Graph, what: &str, replicas: Option<&[i32]>) -> Result<Arc<Program>> {
     let mlir = emit::emit(graph);
     let rt = runtime::get()?;
-    // With several devices one portable executable serves them all.
-    let portable = rt.device_count() > 1;
-    let id = identity(rt, portable);
+    let portable = replicas.is_none() && rt.device_count() > 1;
+    let id = format!("{}|portable={portable}|replicas={replicas:?}", identity(rt));
     let key = (
         fnv(fnv(FNV_START, id.as_bytes()), mlir.as_bytes()),
         fnv(fnv(0x84222325cbf29ce4, mlir.as_bytes()), id.as_bytes()),
@@ -114,7 +120,11 @@ pub fn compile(graph: &Graph, what: &str) -> Result<Arc<Program>> {
         Some(exe) => exe,
         None => {
             let start = Instant::now();
-            let exe = rt.client.compile_with(&mlir, portable).map_err(|e| {
+            let exe = match replicas {
+                Some(devices) => rt.client.compile_replicated(&mlir, devices),
+                None => rt.client.compile_with(&mlir, portable),
+            };
+            let exe = exe.map_err(|e| {
                 let file = dump(&mlir, what).map_or("(could not write the dump)".into(), |p| p.display().to_string());
                 Error::runtime(format!("torchtpu: XLA failed to compile {what}: {e}\nStableHLO written to {file}"))
             })?;

@@ -2,7 +2,7 @@
 use std::fmt::Write;
 
 use crate::dtype::DType;
-use crate::ir::{Graph, Op, ReduceKind, Ty, V};
+use crate::ir::{Collective, Graph, Op, ReduceKind, Ty, V};
 
 fn tensor(t: &Ty) -> String {
     let mut s = String::from("tensor<");
@@ -304,6 +304,7 @@ impl Emitter<'_> {
                 &format!("call_target_name = \"{target}\", backend_config = \"{config}\""),
                 results,
             ),
+            Op::Collective { kind, replicas } => self.collective(v, kind, *replicas),
             Op::Call(kernel) => {
                 self.multi_line(v, "func.call", &format!("callee = @{}", kernel.entry), &kernel.outputs)
             }
@@ -333,6 +334,46 @@ impl Emitter<'_> {
             array(dims),
             self.ty(input),
             scalar(dtype),
+            tensor(&node.ty)
+        );
+    }
+
+    /// ` ({region})`: a collective's reduction.
+    fn region(&mut self, v: V, kind: ReduceKind, dtype: DType) -> String {
+        format!(" {}", self.binary_region(v, Some(reduce_op(kind)), dtype))
+    }
+
+    fn collective(&mut self, v: V, kind: &Collective, replicas: i64) {
+        let node = &self.g.nodes[v];
+        let (input, dtype) = (node.args[0], node.ty.dtype);
+        let group = format!(
+            "replica_groups = dense<[[{}]]> : tensor<1x{replicas}xi64>",
+            ints(&(0..replicas).collect::<Vec<_>>())
+        );
+        let (op, region, attrs) = match kind {
+            Collective::AllReduce(k) => ("all_reduce", self.region(v, *k, dtype), group),
+            Collective::ReduceScatter(k) => {
+                ("reduce_scatter", self.region(v, *k, dtype), format!("scatter_dimension = 0 : i64, {group}"))
+            }
+            Collective::AllGather => ("all_gather", String::new(), format!("all_gather_dim = 0 : i64, {group}")),
+            Collective::AllToAll => (
+                "all_to_all",
+                String::new(),
+                format!(
+                    "split_dimension = 0 : i64, concat_dimension = 0 : i64, split_count = {replicas} : i64, {group}"
+                ),
+            ),
+            Collective::Permute(pairs) => {
+                let list: Vec<String> = pairs.iter().map(|(s, t)| format!("[{s}, {t}]")).collect();
+                let pairs = format!("dense<[{}]> : tensor<{}x2xi64>", list.join(", "), list.len());
+                ("collective_permute", String::new(), format!("source_target_pairs = {pairs}"))
+            }
+        };
+        let _ = writeln!(
+            self.out,
+            "    %v{v} = \"stablehlo.{op}\"({}){region} {{{attrs}}} : ({}) -> {}",
+            self.name(input),
+            self.ty(input),
             tensor(&node.ty)
         );
     }

@@ -601,11 +601,16 @@ pub fn run_op(op: &OpDef, args: &[Arg]) -> Result<Vec<Option<(Arc<Storage>, Ty)>
 static COPY: LazyLock<OpDef> = LazyLock::new(|| lower::internal("torchtpu::copy", -2));
 static CONTIGUOUS: LazyLock<OpDef> = LazyLock::new(|| lower::internal("torchtpu::contiguous", -3));
 
-/// The view `t` as a contiguous device buffer of its dtype and shape, for
-/// the host to read.
-fn contiguous(t: &Tensor, device: usize) -> Result<Arc<DeviceBuffer>> {
+/// The view `t` as a contiguous device buffer of its dtype and shape (its
+/// storage's buffer itself where that holds the same elements; of exactly
+/// `t`'s shape if `exact`), for the host to read.
+pub fn contiguous(t: &Tensor, device: usize, exact: bool) -> Result<Arc<DeviceBuffer>> {
     let value = match t.storage.and_then(|s| s.value()) {
-        Some(v) if v.ty().dtype == t.dtype && t.view().is_whole(v.ty().numel()) => v,
+        Some(v)
+            if v.ty().dtype == t.dtype && t.view().is_whole(v.ty().numel()) && (!exact || v.ty().shape == t.sizes) =>
+        {
+            v
+        }
         _ => {
             let args = [Arg::Tensor(*t), Arg::None];
             let plan = plan(&CONTIGUOUS, &args, device)?;
@@ -625,7 +630,7 @@ pub fn copy(src: &Tensor, dst: &Tensor) -> Result<()> {
     }
     match (src.device, dst.device) {
         (Some(device), None) => {
-            let buf = contiguous(src, device)?;
+            let buf = contiguous(src, device, false)?;
             let n = dst.numel() as usize * dst.dtype.size();
             // SAFETY: the adapter passes a contiguous, writable host tensor of n bytes.
             let out = unsafe { std::slice::from_raw_parts_mut(dst.host as *mut u8, n) };
@@ -634,20 +639,26 @@ pub fn copy(src: &Tensor, dst: &Tensor) -> Result<()> {
             Ok(())
         }
         (None, Some(device)) => {
-            let storage = dst.storage.ok_or_else(|| Error::runtime("torchtpu: copy into a tensor without storage"))?;
             let buf = upload(src.host_bytes(), dst.ty().flat(), device)?;
-            if dst.view().is_whole(storage.nbytes / dst.dtype.size() as i64) {
-                storage.set(Value::Ready(buf));
-                return Ok(());
-            }
-            let staged = Storage::new(device, buf.ty.numel() * dst.dtype.size() as i64, Some(Value::Ready(buf)));
-            let strides = crate::view::contiguous_strides(dst.sizes);
-            let src = Tensor { storage: Some(&staged), strides: &strides, offset: 0, device: Some(device), ..*dst };
-            copy_device(&src, dst, device)
+            assign(buf, dst, device)
         }
         (Some(device), Some(_)) => copy_device(src, dst, device),
         (None, None) => Err(Error::runtime("torchtpu: host-to-host copy reached the tpu runtime")),
     }
+}
+
+/// `buf` (the elements of `dst`, in order) becomes the value of the view
+/// `dst`: the storage's whole value when `dst` covers it.
+pub fn assign(buf: Arc<DeviceBuffer>, dst: &Tensor, device: usize) -> Result<()> {
+    let storage = dst.storage.ok_or_else(|| Error::runtime("torchtpu: copy into a tensor without storage"))?;
+    if dst.view().is_whole(storage.nbytes / dst.dtype.size() as i64) {
+        storage.set(Value::Ready(buf));
+        return Ok(());
+    }
+    let staged = Storage::new(device, buf.ty.numel() * dst.dtype.size() as i64, Some(Value::Ready(buf)));
+    let strides = crate::view::contiguous_strides(dst.sizes);
+    let src = Tensor { storage: Some(&staged), strides: &strides, offset: 0, device: Some(device), ..*dst };
+    copy_device(&src, dst, device)
 }
 
 fn copy_device(src: &Tensor, dst: &Tensor, device: usize) -> Result<()> {

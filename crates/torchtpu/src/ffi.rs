@@ -9,7 +9,7 @@ use crate::args::{self, TtArg, TtTensor};
 use crate::error::{Error, Result};
 use crate::storage::Storage;
 use crate::trace::{self, Reason};
-use crate::{compiled, event, exec, lower, memory, metrics, runtime};
+use crate::{collective, compiled, event, exec, lower, memory, metrics, runtime};
 
 #[repr(C)]
 pub struct TtSchemaArg {
@@ -431,4 +431,43 @@ pub unsafe extern "C" fn tt_capture_end(outputs: *const TtTensor, n: i64) -> i32
 #[no_mangle]
 pub extern "C" fn tt_step_end() -> i32 {
     guard(compiled::step_end)
+}
+
+/// Runs a collective over its group's local devices (`collective::run`).
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn tt_collective(
+    kind: *const c_char,
+    op: *const c_char,
+    scale: f64,
+    root: i64,
+    pairs: *const i64,
+    npairs: i64,
+    devices: *const i64,
+    ndevices: i64,
+    inputs: *const TtTensor,
+    outputs: *const TtTensor,
+    n: i64,
+) -> i32 {
+    guard(|| {
+        let text = |s: *const c_char| CStr::from_ptr(s).to_str().map_err(|e| Error::value(e.to_string()));
+        let tensors = |p: *const TtTensor| -> Result<Vec<args::Tensor>> {
+            Ok(args::slice(p, n)
+                .iter()
+                .map(|t| args::tensor(t))
+                .collect::<Result<Vec<_>>>()?
+                .into_iter()
+                .flatten()
+                .collect())
+        };
+        let call = collective::Call {
+            kind: text(kind)?,
+            op: text(op)?,
+            scale,
+            root,
+            pairs: args::slice(pairs, npairs).chunks_exact(2).map(|p| (p[0], p[1])).collect(),
+            devices: args::slice(devices, ndevices),
+        };
+        collective::run(&call, &tensors(inputs)?, &tensors(outputs)?)
+    })
 }

@@ -164,8 +164,30 @@ pub enum Op {
     /// A call of an external kernel's entry function (`kernel.rs`); the
     /// node is its first result, [`Op::Result`] nodes the others.
     Call(std::sync::Arc<crate::kernel::Kernel>),
+    /// A collective across the replicas of a replicated program
+    /// (`collective.rs`), all `replicas` of them in one group.
+    Collective {
+        kind: Collective,
+        replicas: i64,
+    },
     /// Result n of the multi-result node that is its argument.
     Result(usize),
+}
+
+/// What a collective computes; each replica contributes its operand.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Collective {
+    AllReduce(ReduceKind),
+    /// The operands concatenated along dimension 0, in replica order.
+    AllGather,
+    /// The reduction's slice of dimension 0 that belongs to this replica.
+    ReduceScatter(ReduceKind),
+    /// Dimension 0 split in one slice per replica; slice j goes to replica j,
+    /// which concatenates what it receives in replica order.
+    AllToAll,
+    /// Each (source, target) pair sends the source's operand to the target;
+    /// a replica that no pair targets gets zeros.
+    Permute(Vec<(i64, i64)>),
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]

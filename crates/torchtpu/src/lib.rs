@@ -5,9 +5,12 @@
 //! printed by [`emit`], compiled once by [`cache`] and run by [`exec`] on the
 //! [`runtime`]'s PJRT client. Tensors' bytes live in [`storage`]. Fused mode
 //! records into a [`trace`]; torch.compile's graphs become [`compiled`] plans;
-//! JAX and Pallas kernels are [`kernel`]s called from programs.
+//! JAX and Pallas kernels are [`kernel`]s called from programs; torch.distributed's
+//! collectives run as replicated [`collective`] programs where XLA's collectives
+//! reach every member.
 pub mod args;
 pub mod cache;
+pub mod collective;
 pub mod compiled;
 pub mod dtype;
 pub mod emit;

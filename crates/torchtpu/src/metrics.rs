@@ -32,6 +32,8 @@ pub struct Metrics {
     pub graph_calls: AtomicU64,
     /// External kernels registered (one per kernel and input signature).
     pub kernels: AtomicU64,
+    /// Collective programs run (`collective.rs`).
+    pub collectives: AtomicU64,
     /// Nodes of the largest fused program run.
     pub largest_graph: AtomicU64,
     pub fallbacks: Mutex<BTreeMap<String, u64>>,
@@ -89,6 +91,7 @@ impl Metrics {
             ("compiled_graph_captures", get(&self.graph_captures)),
             ("compiled_graph_calls", get(&self.graph_calls)),
             ("kernels", get(&self.kernels)),
+            ("collectives", get(&self.collectives)),
         ]
     }
 
@@ -117,6 +120,7 @@ impl Metrics {
             &self.graph_captures,
             &self.graph_calls,
             &self.kernels,
+            &self.collectives,
         ] {
             c.store(0, Ordering::Relaxed);
         }
