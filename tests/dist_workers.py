@@ -1,6 +1,7 @@
 """Worker programs of tests/test_distributed.py: each runs in every process of
 a torchrun-style launch (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT in the
 environment) and raises on any difference from the CPU reference."""
+import contextlib
 import datetime
 import os
 import sys
@@ -13,13 +14,14 @@ import torch.nn as nn
 import torchtpu
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
-from workloads import mlp_model  # noqa: E402
+from workloads import GPT, Block, mlp_model  # noqa: E402
 
 TIMEOUT = datetime.timedelta(seconds=int(os.environ.get("DIST_TIMEOUT", "60")))
 
 
 def _setup(backend=None):
-    dist.init_process_group(backend, timeout=TIMEOUT)
+    if not dist.is_initialized():
+        dist.init_process_group(backend, timeout=TIMEOUT)
     device = torch.device("tpu", int(os.environ["LOCAL_RANK"]))
     torch.tpu.set_device(device)
     return dist.get_rank(), dist.get_world_size(), device
@@ -129,72 +131,101 @@ def collectives():
     dist.destroy_process_group()
 
 
-def _global_batches(steps, world):
+# The models trained: the MLP and a small GPT (no dropout: ranks draw other numbers).
+MODELS = {
+    "mlp": mlp_model,
+    "gpt": lambda: GPT(vocab=64, seq=16, d=32, heads=2, layers=2, dropout=0.0),
+}
+ROWS = 8  # per rank and step
+
+
+def _global_batches(kind, steps, world):
     g = torch.Generator().manual_seed(0)
-    xs = torch.randn(steps, 16 * world, 784, generator=g)
-    ys = torch.randint(0, 10, (steps, 16 * world), generator=g)
-    return xs, ys
+    if kind == "mlp":
+        return torch.randn(steps, ROWS * world, 784, generator=g), torch.randint(0, 10, (steps, ROWS * world), generator=g)
+    tokens = torch.randint(0, 64, (steps, ROWS * world, 17), generator=g)
+    return tokens[..., :-1], tokens[..., 1:]
 
 
-def _cpu_reference(steps, world):
-    """Single-process CPU training on the global batch: (losses, parameters)."""
+def _loss(out, y):
+    return nn.functional.cross_entropy(out.flatten(0, -2), y.flatten())
+
+
+def _rows(rank, micro, j):
+    """Rows of the global batch in rank `rank`'s micro-batch `j` of `micro`."""
+    per = ROWS // micro
+    return torch.arange(ROWS * rank + per * j, ROWS * rank + per * (j + 1))
+
+
+def _cpu_reference(kind, steps, world, micro=1):
+    """Single-process CPU training on the global batch (micro-batch j being
+    every rank's j-th, gradients accumulated): (losses, parameters)."""
     torch.manual_seed(0)
-    model = mlp_model()
+    model = MODELS[kind]()
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
-    xs, ys = _global_batches(steps, world)
     losses = []
-    for x, y in zip(xs, ys):
-        loss = nn.functional.cross_entropy(model(x), y)
+    for x, y in zip(*_global_batches(kind, steps, world)):
         opt.zero_grad()
-        loss.backward()
+        total = 0.0
+        for j in range(micro):
+            rows = torch.cat([_rows(r, micro, j) for r in range(world)])
+            loss = _loss(model(x[rows]), y[rows])
+            loss.backward()
+            total += loss.item() / micro
         opt.step()
-        losses.append(loss.item())
+        losses.append(total)
     return torch.tensor(losses), [p.detach() for p in model.parameters()]
 
 
-def _train_sharded(wrap, steps, log_on_rank0=False):
-    """Each rank trains on its share of the global batch; returns the global
+def _train_sharded(wrap, kind, steps, log_on_rank0=False, micro=1):
+    """Each rank trains on its share of the global batch, in `micro`
+    micro-batches (all but the last under DDP's no_sync); returns the global
     mean loss per step and the trained module."""
     rank, world, device = _setup()
     torch.manual_seed(0)
-    model = wrap(mlp_model(), device)
+    model = wrap(MODELS[kind](), device)
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
-    xs, ys = _global_batches(steps, world)
     losses = []
-    for step, (x, y) in enumerate(zip(xs, ys)):
-        mine = slice(16 * rank, 16 * (rank + 1))
-        loss = nn.functional.cross_entropy(model(x[mine].to(device)), y[mine].to(device))
+    for step, (x, y) in enumerate(zip(*_global_batches(kind, steps, world))):
         opt.zero_grad()
-        loss.backward()
+        total = torch.zeros((), device=device)
+        for j in range(micro):
+            rows = _rows(rank, micro, j)
+            sync = model.no_sync() if j < micro - 1 else contextlib.nullcontext()
+            with sync:
+                loss = _loss(model(x[rows].to(device)), y[rows].to(device))
+                loss.backward()
+            total += loss.detach() / micro
         opt.step()
         if log_on_rank0 and rank == 0:
             # Rank-divergent work between collectives: host reads, other shapes.
-            print(f"step {step} loss {loss.item():.4f}", flush=True)
+            print(f"step {step} loss {total.item():.4f}", flush=True)
             extra = torch.randn(3 + step, 7, device=device) @ torch.randn(7, 2 + step, device=device)
             assert torch.isfinite(extra).all().item()
-        total = loss.detach().clone()
         dist.all_reduce(total, op=dist.ReduceOp.AVG)
         losses.append(total.item())
     return torch.tensor(losses), model
 
 
-def ddp(log_on_rank0=False):
-    """DDP (several gradient buckets) trains as one CPU process on the global batch."""
-    steps = 3
-
-    def wrap(module, device):
-        return nn.parallel.DistributedDataParallel(module.to(device), bucket_cap_mb=1)
-
-    losses, model = _train_sharded(wrap, steps, log_on_rank0)
-    ref_losses, ref_params = _cpu_reference(steps, dist.get_world_size())
+def _check_training(losses, params, kind, steps, what, micro=1):
+    ref_losses, ref_params = _cpu_reference(kind, steps, dist.get_world_size(), micro)
     torch.testing.assert_close(losses, ref_losses, rtol=1e-4, atol=1e-5)
-    for p, r in zip(model.module.parameters(), ref_params):
-        _same(p.detach(), r, "DDP parameter", rtol=1e-4, atol=1e-5)
-    dist.destroy_process_group()
+    for p, r in zip(params, ref_params):
+        _same(p.detach(), r, f"{what} parameter of the {kind}", rtol=1e-4, atol=1e-5)
 
 
 def ddp_rank0_logs():
-    ddp(log_on_rank0=True)
+    """DDP (several gradient buckets, two micro-batches per step, the first
+    under no_sync) trains as one CPU process on the global batch while rank 0
+    logs and runs other work."""
+    steps = 3
+    for kind in MODELS:
+        def wrap(module, device):
+            return nn.parallel.DistributedDataParallel(module.to(device), bucket_cap_mb=0.05)
+
+        losses, model = _train_sharded(wrap, kind, steps, log_on_rank0=True, micro=2)
+        _check_training(losses, model.module.parameters(), kind, steps, "DDP", micro=2)
+    dist.destroy_process_group()
 
 
 def fsdp2():
@@ -207,17 +238,16 @@ def fsdp2():
 
     def wrap(module, device):
         module.to(device)
-        for layer in module:
-            if isinstance(layer, nn.Linear):
-                fully_shard(layer)
+        # The GPT's blocks or else the MLP's layers, then the root.
+        layers = [m for m in module.modules() if isinstance(m, Block)]
+        for layer in layers or [m for m in module.modules() if isinstance(m, nn.Linear)]:
+            fully_shard(layer)
         return fully_shard(module)
 
-    losses, model = _train_sharded(wrap, steps)
-    assert all(isinstance(p, DTensor) for p in model.parameters())
-    ref_losses, ref_params = _cpu_reference(steps, dist.get_world_size())
-    torch.testing.assert_close(losses, ref_losses, rtol=1e-4, atol=1e-5)
-    for p, r in zip(model.parameters(), ref_params):
-        _same(p.full_tensor().detach(), r, "FSDP2 parameter", rtol=1e-4, atol=1e-5)
+    for kind in MODELS:
+        losses, model = _train_sharded(wrap, kind, steps)
+        assert all(isinstance(p, DTensor) for p in model.parameters())
+        _check_training(losses, (p.full_tensor() for p in model.parameters()), kind, steps, "FSDP2")
     dist.destroy_process_group()
 
 
@@ -227,12 +257,9 @@ def fsdp_wrapper():
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 
     steps = 3
-    losses, model = _train_sharded(lambda module, device: FSDP(module, device_id=torch.device("tpu")), steps)
-    ref_losses, ref_params = _cpu_reference(steps, dist.get_world_size())
-    torch.testing.assert_close(losses, ref_losses, rtol=1e-4, atol=1e-5)
+    losses, model = _train_sharded(lambda module, device: FSDP(module, device_id=torch.device("tpu")), "mlp", steps)
     with FSDP.summon_full_params(model):
-        for p, r in zip(model.parameters(), ref_params):
-            _same(p.detach(), r, "FSDP parameter", rtol=1e-4, atol=1e-5)
+        _check_training(losses, model.parameters(), "mlp", steps, "FSDP")
     dist.destroy_process_group()
 
 
