@@ -2,7 +2,7 @@
 
 1. all_reduce bandwidth of tpu tensors through the "pjrt" backend vs gloo on
    CPU tensors of the same group, 1 KB to 64 MB (algorithm bandwidth: bytes
-   reduced per second);
+   reduced per second; the best of 3 rounds);
 2. a DDP training step of the MLP of examples/workloads.py (batch 128 per
    process) on 2 processes vs the same step in 1 process.
 
@@ -44,20 +44,22 @@ def _worker(mode):
         print("all_reduce, 2 processes      tpu (pjrt) MB/s   gloo CPU MB/s   ratio")
         for size in SIZES:
             n = size // 4
-            reps = max(3, min(200, (1 << 24) // size))
-            rates = []
-            for dev in ("tpu", "cpu"):
-                x = torch.ones(n, device=device if dev == "tpu" else "cpu")
-                dist.all_reduce(x)
-                if dev == "tpu":
-                    torch.tpu.synchronize()
-                start = time.perf_counter()
-                for _ in range(reps):
+            reps = max(8, min(200, (1 << 26) // size))
+            best = {"tpu": 0.0, "cpu": 0.0}
+            for _ in range(3):  # the best of 3 rounds, tpu and CPU alternating: the machine is shared
+                for dev in best:
+                    x = torch.ones(n, device=device if dev == "tpu" else "cpu")
                     dist.all_reduce(x)
-                if dev == "tpu":
-                    x.sum().item()
-                rates.append(size * reps / (time.perf_counter() - start) / 1e6)
-            print(f"  {size / 1024:10.0f} KB            {rates[0]:10.1f}      {rates[1]:10.1f}   {rates[0] / rates[1]:5.2f}x")
+                    if dev == "tpu":
+                        torch.tpu.synchronize()
+                    start = time.perf_counter()
+                    for _ in range(reps):
+                        dist.all_reduce(x)
+                    if dev == "tpu":
+                        torch.tpu.synchronize()
+                    best[dev] = max(best[dev], size * reps / (time.perf_counter() - start) / 1e6)
+            tpu, cpu = best["tpu"], best["cpu"]
+            print(f"  {size / 1024:10.0f} KB            {tpu:10.1f}      {cpu:10.1f}   {tpu / cpu:5.2f}x")
     else:
         sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
         from workloads import mlp_model

@@ -112,6 +112,11 @@ def collectives():
         assert w.wait()
     total = x.clone()
     dist.all_reduce(total)
+    shared = x.to(device)
+    other = torch.empty_like(shared).copy_(shared)  # two storages, one buffer: gloo must not write in place
+    dist.all_reduce(other)
+    _same(other, total, "all_reduce of a tensor sharing its buffer")
+    _same(shared, x, "the tensor it shares its buffer with")
     fut = dist.all_reduce(x.to(device), async_op=True).get_future()
     _same(fut.wait()[0], total, "async all_reduce's future")
     coalesced = [x.to(device), x.to(device) * 3]

@@ -13,11 +13,14 @@ a descriptor (sequence number, collective, dtype, sizes, root, reduce op);
 a difference raises the same error on every rank, and a missing collective
 runs into the group's timeout instead of hanging.
 
-Transport on the CPU plugin: PyTorch's gloo over host copies of the tensors;
-each result is written back as the tensor's new value. Collective programs
-over the group's devices (XLA's own collectives, for the GPU and TPU plugins)
-are not built yet.
+Transport: PyTorch's gloo. On the CPU plugin, where device memory is the
+host's, gloo works in place on a tensor's buffer when nothing else holds it
+(an all_reduce of DDP's buckets); otherwise on host copies, each result
+written back as the tensor's new value. The collective programs of the core
+(XLA's own collectives, meant for the GPU and TPU plugins) are not used
+across processes yet: that needs a PJRT client made for several processes.
 """
+import ctypes
 import datetime
 
 import torch
@@ -186,40 +189,63 @@ class TpuBackend(C10DBackend):
 
     # -------------------------------------------------------------- reductions
 
-    def _reduced(self, values, reduce_op):
-        """The values to hand gloo for `reduce_op` (gloo has neither AVG nor
-        PREMUL_SUM): PREMUL_SUM's are scaled first, then summed."""
+    @staticmethod
+    def _premul(values, reduce_op):
+        """Scales PREMUL_SUM's values in place before gloo sums them (gloo has
+        neither PREMUL_SUM nor AVG)."""
         if reduce_op.op == ReduceOp.PREMUL_SUM:
             factor = reduce_op.factor
             factor = factor.to("cpu") if isinstance(factor, torch.Tensor) else factor
-            values = self._staging.pin(v * factor for v in values)
-        return values
+            for v in values:
+                v.mul_(factor)
 
-    def _finish(self, values, reduce_op):
-        """gloo's results of `reduce_op`: AVG's sums divided by the group's size."""
+    def _average(self, values, reduce_op):
+        """Turns gloo's sums into AVG's means, in place (integers truncated, as
+        the collective programs do)."""
         if reduce_op.op == ReduceOp.AVG:
-            return [v / self.size() if v.is_floating_point() else v // self.size() for v in values]
-        return values
+            for v in values:
+                v.div_(self.size(), rounding_mode=None if v.is_floating_point() else "trunc")
 
     @staticmethod
     def _gloo_op(reduce_op):
-        """gloo's op for `reduce_op`: AVG and PREMUL_SUM are sums (see `_reduced`)."""
+        """gloo's op for `reduce_op`: AVG and PREMUL_SUM are sums (see `_premul`)."""
         return ReduceOp.SUM if reduce_op.op in (ReduceOp.AVG, ReduceOp.PREMUL_SUM) else reduce_op.op
+
+    def _in_place(self, tensors):
+        """CPU tensors over the tpu tensors' own memory, for gloo to work on in
+        place (the CPU plugin, where that memory is the host's, and only tensors
+        whose buffer nothing else holds), or None: then the caller copies."""
+        views = []
+        for t in tensors:
+            address = torch.ops.torchtpu.host_alias(t) if t.numel() else 0
+            if not address:
+                return None
+            memory = (ctypes.c_char * t.nbytes).from_address(address)
+            views.append(torch.frombuffer(memory, dtype=t.dtype).view(t.shape))
+        return self._staging.pin(views)
 
     # -------------------------------------------------------------- collectives
 
     def broadcast(self, tensor_list, opts):
         self._check("broadcast", tensor_list, root=opts.rootRank)
-        host = self._host(tensor_list)
+        host = self._in_place(tensor_list)
+        copied = host is None
+        host = self._host(tensor_list) if copied else host
         self._gloo.broadcast(host, self._opts(BroadcastOptions(), rootRank=opts.rootRank)).wait()
-        _write(tensor_list, host)
+        if copied:
+            _write(tensor_list, host)
         return _done(tensor_list)
 
     def allreduce(self, tensor_list, opts):
         self._check("allreduce", tensor_list, op=opts.reduceOp)
-        host = self._reduced(self._host(tensor_list), opts.reduceOp)
+        host = self._in_place(tensor_list)
+        copied = host is None
+        host = self._host(tensor_list) if copied else host
+        self._premul(host, opts.reduceOp)
         self._gloo.allreduce(host, self._opts(AllreduceOptions(), reduceOp=self._gloo_op(opts.reduceOp))).wait()
-        _write(tensor_list, self._finish(host, opts.reduceOp))
+        self._average(host, opts.reduceOp)
+        if copied:
+            _write(tensor_list, host)
         return _done(tensor_list)
 
     def allreduce_coalesced(self, tensor_list, opts):
@@ -229,11 +255,13 @@ class TpuBackend(C10DBackend):
 
     def reduce(self, tensor_list, opts):
         self._check("reduce", tensor_list, root=opts.rootRank, op=opts.reduceOp)
-        host = self._reduced(self._host(tensor_list), opts.reduceOp)
+        host = self._host(tensor_list)
+        self._premul(host, opts.reduceOp)
         gloo_opts = self._opts(ReduceOptions(), rootRank=opts.rootRank, reduceOp=self._gloo_op(opts.reduceOp))
         self._gloo.reduce(host, gloo_opts).wait()
         if self.rank() == opts.rootRank:
-            _write(tensor_list, self._finish(host, opts.reduceOp))
+            self._average(host, opts.reduceOp)
+            _write(tensor_list, host)
         return _done(tensor_list)
 
     def allgather(self, output_tensors, input_tensors, opts):
@@ -276,19 +304,24 @@ class TpuBackend(C10DBackend):
     def reduce_scatter(self, output_tensors, input_tensors, opts):
         self._check("reduce_scatter", output_tensors, op=opts.reduceOp)
         outs = self._host(output_tensors)
-        ins = [self._reduced(self._host(i), opts.reduceOp) for i in input_tensors]
+        ins = [self._host(i) for i in input_tensors]
+        for i in ins:
+            self._premul(i, opts.reduceOp)
         gloo_opts = self._opts(ReduceScatterOptions(), reduceOp=self._gloo_op(opts.reduceOp))
         self._gloo.reduce_scatter(outs, ins, gloo_opts).wait()
-        _write(output_tensors, self._finish(outs, opts.reduceOp))
+        self._average(outs, opts.reduceOp)
+        _write(output_tensors, outs)
         return _done(output_tensors)
 
     def reduce_scatter_single(self, output, input, opts):
         self._check("reduce_scatter_single", [output], op=opts.reduceOp)
         out = self._staging.empty(output.shape, output.dtype)
-        (inp,) = self._reduced(self._host([input]), opts.reduceOp)
+        inp = self._host([input])
+        self._premul(inp, opts.reduceOp)
         gloo_opts = self._opts(ReduceScatterOptions(), reduceOp=self._gloo_op(opts.reduceOp))
-        self._gloo._reduce_scatter_base(out, inp, gloo_opts).wait()
-        _write([output], self._finish([out], opts.reduceOp))
+        self._gloo._reduce_scatter_base(out, inp[0], gloo_opts).wait()
+        self._average([out], opts.reduceOp)
+        _write([output], [out])
         return _done([output])
 
     def reduce_scatter_single_coalesced(self, outputs, inputs, opts):

@@ -123,18 +123,31 @@ impl Buffer {
         // SAFETY: the buffer is live.
         unsafe { call!(self.api(), PJRT_Buffer_IncreaseExternalReferenceCount, &mut increase) }.ok()?;
         let _reference = ExternalReference(self);
-        let mut pointer = sys::PJRT_Buffer_OpaqueDeviceMemoryDataPointer_Args::zeroed();
-        pointer.buffer = self.raw();
-        // SAFETY: the buffer is live.
-        unsafe { call!(self.api(), PJRT_Buffer_OpaqueDeviceMemoryDataPointer, &mut pointer) }.ok()?;
-        let src = pointer.device_memory_ptr.cast::<u8>().cast_const();
-        if src.is_null() {
-            return None;
-        }
+        let src = self.memory_pointer()?.cast_const();
         // SAFETY: the caller checked that the buffer is ready, in host memory and
         // `dst.len()` bytes long; the external reference keeps it there.
         unsafe { std::ptr::copy_nonoverlapping(src, dst.as_mut_ptr(), dst.len()) };
         Some(())
+    }
+
+    fn memory_pointer(&self) -> Option<*mut u8> {
+        let mut pointer = sys::PJRT_Buffer_OpaqueDeviceMemoryDataPointer_Args::zeroed();
+        pointer.buffer = self.raw();
+        // SAFETY: the buffer is live.
+        unsafe { call!(self.api(), PJRT_Buffer_OpaqueDeviceMemoryDataPointer, &mut pointer) }.ok()?;
+        let p = pointer.device_memory_ptr.cast::<u8>();
+        (!p.is_null()).then_some(p)
+    }
+
+    /// The host address of the buffer's elements where the client's memory is the
+    /// host's (the CPU plugin): for a host library to read, or to write in place
+    /// while no computation uses the buffer and nothing else holds it. Valid while
+    /// the buffer lives.
+    pub fn host_address(&self) -> Option<*mut u8> {
+        if !self.client.host_memory {
+            return None;
+        }
+        self.memory_pointer()
     }
 
     fn read_through_plugin(&self, dst: &mut [u8]) -> Result<()> {

@@ -1,6 +1,6 @@
-// torch.distributed's collectives as XLA programs over a group's devices:
-// the operator the c10d backend calls (torchtpu/distributed.py). The core
-// writes each result into its output tensor.
+// The operators of torch.distributed's transports (torchtpu/distributed.py):
+// collectives as XLA programs over a group's devices (the core writes each
+// result into its output tensor), and host memory for gloo to work in place.
 #include "adapter.h"
 
 #include <ATen/ATen.h>
@@ -29,12 +29,22 @@ void collective(c10::string_view kind, c10::string_view op, double scale, int64_
                       static_cast<int64_t>(ins.size())));
 }
 
+int64_t host_alias(const at::Tensor& self) {
+  const TtTensor t = describe(self);
+  uint64_t address = 0;
+  check(tt_host_alias(&t, &address));
+  return static_cast<int64_t>(address);
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(torchtpu, m) {
   m.def("collective(str kind, str op, float scale, int root, int[] pairs, int[] devices, Tensor[] inputs, "
         "Tensor(a!)[] outputs) -> ()");
   m.impl("collective", c10::DispatchKey::PrivateUse1, TORCH_FN(collective));
+  // The host address of a tpu tensor's elements for gloo to work on in place, or 0.
+  m.def("host_alias(Tensor self) -> int");
+  m.impl("host_alias", c10::DispatchKey::PrivateUse1, TORCH_FN(host_alias));
 }
 
 }  // namespace torchtpu

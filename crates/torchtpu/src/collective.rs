@@ -9,6 +9,9 @@
 //! hold a cross-rank op), and each result becomes its output's new value.
 //! Reductions gloo and NCCL lack as one op are composed around it: AVG
 //! divides the sum by the group's size, PREMUL_SUM scales before summing.
+//!
+//! Where the device's memory is the host's (the CPU plugin), gloo works in
+//! place on a tensor's buffer when nothing else can see it (`host_alias`).
 use std::sync::Arc;
 
 use crate::args::Tensor;
@@ -19,7 +22,7 @@ use crate::exec;
 use crate::ir::{Collective, Graph, Op, ReduceKind, Ty, V};
 use crate::metrics::{bump, METRICS};
 use crate::runtime;
-use crate::storage::DeviceBuffer;
+use crate::storage::{DeviceBuffer, Value};
 
 /// One collective call, as the c10d backend describes it.
 pub struct Call<'a> {
@@ -138,4 +141,23 @@ pub fn run(call: &Call, inputs: &[Tensor], outputs: &[Tensor]) -> Result<()> {
         exec::assign(buf, out, device)?;
     }
     Ok(())
+}
+
+/// The host address of `t`'s elements, for gloo to work on in place, where
+/// the device's memory is the host's: only when `t` covers its whole storage
+/// and the storage alone holds its computed buffer (so no other tensor, trace
+/// or plan sees the write). Waits for the computations issued so far, which
+/// may still be reading the buffer. None where that does not hold: the
+/// caller copies.
+pub fn host_alias(t: &Tensor) -> Result<Option<usize>> {
+    let Some(storage) = t.storage else { return Ok(None) };
+    let whole = t.view().is_whole(storage.nbytes / t.dtype.size() as i64);
+    let Some(Value::Ready(buf)) = storage.value() else { return Ok(None) };
+    // Two holders: the storage's slot and `buf` here.
+    if !whole || buf.ty.dtype != t.dtype || Arc::strong_count(&buf) != 2 {
+        return Ok(None);
+    }
+    let Some(address) = buf.buf.host_address() else { return Ok(None) };
+    exec::synchronize()?;
+    Ok(Some(address as usize))
 }

@@ -471,3 +471,15 @@ pub unsafe extern "C" fn tt_collective(
         collective::run(&call, &tensors(inputs)?, &tensors(outputs)?)
     })
 }
+
+#[no_mangle]
+pub unsafe extern "C" fn tt_host_alias(tensor: *const TtTensor, address: *mut u64) -> i32 {
+    guard(|| {
+        let alias = match args::tensor(&*tensor)? {
+            Some(t) => collective::host_alias(&t)?,
+            None => None,
+        };
+        *address = alias.unwrap_or(0) as u64;
+        Ok(())
+    })
+}
