@@ -23,6 +23,7 @@ use crate::ir::{Collective, Graph, Op, ReduceKind, Ty, V};
 use crate::metrics::{bump, METRICS};
 use crate::runtime;
 use crate::storage::{DeviceBuffer, Value};
+use crate::trace::Reason;
 
 /// One collective call, as the c10d backend describes it.
 pub struct Call<'a> {
@@ -152,6 +153,10 @@ pub fn run(call: &Call, inputs: &[Tensor], outputs: &[Tensor]) -> Result<()> {
 pub fn host_alias(t: &Tensor) -> Result<Option<usize>> {
     let Some(storage) = t.storage else { return Ok(None) };
     let whole = t.view().is_whole(storage.nbytes / t.dtype.size() as i64);
+    let Some(value) = storage.value() else { return Ok(None) };
+    // Computing a pending value leaves the storage its only holder.
+    drop(exec::resolve(&value, Reason::HostRead)?);
+    drop(value);
     let Some(Value::Ready(buf)) = storage.value() else { return Ok(None) };
     // Two holders: the storage's slot and `buf` here.
     if !whole || buf.ty.dtype != t.dtype || Arc::strong_count(&buf) != 2 {
