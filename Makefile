@@ -54,6 +54,7 @@ bench: build $(VENV)/.models-installed $(VENV)/.kernels-installed
 	$(PY) bench/compile.py
 	$(PY) bench/kernels.py
 	$(PY) bench/distributed.py
+	$(PY) bench/warm_cache.py
 
 clean:
 	rm -rf target $(VENV)

@@ -19,6 +19,7 @@ def _autoload():
 import torch  # noqa: E402
 
 from . import _C  # noqa: E402
+from . import cache  # noqa: E402,F401
 from ._plugin import configure_plugin  # noqa: E402
 
 configure_plugin()

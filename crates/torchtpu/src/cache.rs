@@ -73,20 +73,66 @@ fn dump(mlir: &str, what: &str) -> Option<PathBuf> {
     Some(path)
 }
 
-/// Everything besides the program text and placement that decides the
-/// executable (fixed once the runtime has started).
-fn identity(rt: &runtime::Runtime) -> &'static str {
-    static IDENTITY: OnceLock<String> = OnceLock::new();
+/// Everything besides the program text and placement that decides an
+/// executable, as `name=value` lines (a bundle's manifest): never a path, so
+/// a cache moves between directories and virtualenvs.
+struct Identity {
+    manifest: Vec<(&'static str, String)>,
+    text: String,
+    /// Written in each disk entry, so that `export` picks this identity's.
+    fingerprint: u64,
+}
+
+fn identity(rt: &runtime::Runtime) -> &'static Identity {
+    static IDENTITY: OnceLock<Identity> = OnceLock::new();
     IDENTITY.get_or_init(|| {
-        let plugin = std::fs::metadata(&rt.plugin).map(|m| m.len()).unwrap_or(0);
-        format!(
-            "torchtpu-cache-1|{}|{plugin}|{}|{}|XLA_FLAGS={}",
-            rt.plugin.display(),
-            rt.client.platform_name(),
-            rt.client.platform_version(),
-            std::env::var("XLA_FLAGS").unwrap_or_default()
-        )
+        let platform = rt.client.platform_name();
+        let mut manifest = vec![
+            ("format", "torchtpu-cache-2".to_string()),
+            ("torchtpu", env!("CARGO_PKG_VERSION").to_string()),
+            ("platform", format!("{platform} {}", rt.client.platform_version())),
+            ("plugin", plugin_fingerprint(&rt.plugin)),
+            ("xla_flags", std::env::var("XLA_FLAGS").unwrap_or_default()),
+        ];
+        // XLA:CPU compiles for the host's instruction set.
+        if platform == "cpu" {
+            manifest.push(("cpu_features", cpu_features()));
+        }
+        let text: String = manifest.iter().map(|(k, v)| format!("{k}={v}\n")).collect();
+        let fingerprint = fnv(FNV_START, text.as_bytes());
+        Identity { manifest, text, fingerprint }
     })
+}
+
+/// The plugin file's size and a hash of its first and last MiB: which build
+/// it is, wherever it is installed (hashing all of a ~250 MB plugin would
+/// cost a few hundred ms at start-up).
+fn plugin_fingerprint(path: &Path) -> String {
+    use std::io::{Read, Seek, SeekFrom};
+    const SPAN: u64 = 1 << 20;
+    let sample = || -> std::io::Result<(u64, u64)> {
+        let mut f = std::fs::File::open(path)?;
+        let len = f.metadata()?.len();
+        let mut head = Vec::new();
+        Read::by_ref(&mut f).take(SPAN).read_to_end(&mut head)?;
+        f.seek(SeekFrom::Start(len.saturating_sub(SPAN)))?;
+        let mut tail = Vec::new();
+        f.read_to_end(&mut tail)?;
+        Ok((len, fnv(fnv(FNV_START, &head), &tail)))
+    };
+    match sample() {
+        Ok((len, hash)) => format!("{len}:{hash:016x}"),
+        Err(e) => format!("unreadable ({e})"),
+    }
+}
+
+/// The host CPU's feature flags (`/proc/cpuinfo`), hashed.
+fn cpu_features() -> String {
+    let info = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let flags = info.lines().find(|l| l.starts_with("flags")).unwrap_or("");
+    let mut words: Vec<&str> = flags.split_whitespace().skip(2).collect();
+    words.sort_unstable();
+    format!("{:016x}", fnv(FNV_START, words.join(" ").as_bytes()))
 }
 
 /// The executable of `graph`, compiled on first sight (in this process or,
@@ -103,7 +149,7 @@ pub fn compile_on(graph: &Graph, what: &str, replicas: Option<&[i32]>) -> Result
     let mlir = emit::emit(graph);
     let rt = runtime::get()?;
     let portable = replicas.is_none() && rt.device_count() > 1;
-    let id = format!("{}|portable={portable}|replicas={replicas:?}", identity(rt));
+    let id = format!("{}portable={portable}\nreplicas={replicas:?}", identity(rt).text);
     let key = (
         fnv(fnv(FNV_START, id.as_bytes()), mlir.as_bytes()),
         fnv(fnv(0x84222325cbf29ce4, mlir.as_bytes()), id.as_bytes()),
@@ -119,6 +165,7 @@ pub fn compile_on(graph: &Graph, what: &str, replicas: Option<&[i32]>) -> Result
     let exe = match disk.as_ref().and_then(|d| d.load(key, rt)) {
         Some(exe) => exe,
         None => {
+            let id = identity(rt).fingerprint;
             let start = Instant::now();
             let exe = match replicas {
                 Some(devices) => rt.client.compile_replicated(&mlir, devices),
@@ -134,7 +181,7 @@ pub fn compile_on(graph: &Graph, what: &str, replicas: Option<&[i32]>) -> Result
                 dump(&mlir, what);
             }
             if let Some(d) = &disk {
-                d.store(key, &exe);
+                d.store(id, key, &exe);
             }
             exe
         }
@@ -224,10 +271,26 @@ fn disk() -> Option<&'static Disk> {
     .as_ref()
 }
 
-const MAGIC: &[u8; 8] = b"TTPUEXE1";
+const MAGIC: &[u8; 8] = b"TTPUEXE2";
 
-/// Entry layout: magic, key (2 x u64), payload length, payload checksum, payload.
-const HEADER: usize = 8 + 16 + 8 + 8;
+/// Entry layout: magic, identity fingerprint, key (2 x u64), payload length,
+/// payload checksum, payload.
+const HEADER: usize = 8 + 8 + 16 + 8 + 8;
+
+/// A disk entry of `payload`.
+fn entry(identity: u64, key: Key, payload: &[u8]) -> Vec<u8> {
+    let mut bytes = Vec::with_capacity(HEADER + payload.len());
+    bytes.extend_from_slice(MAGIC);
+    for word in [identity, key.0, key.1, payload.len() as u64, fnv(FNV_START, payload)] {
+        bytes.extend_from_slice(&word.to_le_bytes());
+    }
+    bytes.extend_from_slice(payload);
+    bytes
+}
+
+fn word(bytes: &[u8], i: usize) -> u64 {
+    u64::from_le_bytes(bytes[i..i + 8].try_into().unwrap())
+}
 
 fn warn(message: String) {
     eprintln!("torchtpu: warning: {message}");
@@ -269,40 +332,40 @@ impl Disk {
         }
     }
 
-    fn store(&self, key: Key, exe: &pjrt::LoadedExecutable) {
-        let written = exe.serialize().map_err(|e| e.to_string()).and_then(|payload| {
-            std::fs::create_dir_all(&self.dir).map_err(|e| e.to_string())?;
-            let mut bytes = Vec::with_capacity(HEADER + payload.len());
-            bytes.extend_from_slice(MAGIC);
-            bytes.extend_from_slice(&key.0.to_le_bytes());
-            bytes.extend_from_slice(&key.1.to_le_bytes());
-            bytes.extend_from_slice(&(payload.len() as u64).to_le_bytes());
-            bytes.extend_from_slice(&fnv(FNV_START, &payload).to_le_bytes());
-            bytes.extend_from_slice(&payload);
-            // Written aside and renamed: readers see a whole entry or none.
-            let tmp = self.dir.join(format!(".{:016x}{:016x}.{}.tmp", key.0, key.1, std::process::id()));
-            let mut f = std::fs::File::create(&tmp).map_err(|e| e.to_string())?;
-            f.write_all(&bytes).map_err(|e| e.to_string())?;
-            drop(f);
-            std::fs::rename(&tmp, self.path(key)).map_err(|e| e.to_string())
-        });
+    fn store(&self, identity: u64, key: Key, exe: &pjrt::LoadedExecutable) {
+        let written =
+            exe.serialize().map_err(|e| e.to_string()).and_then(|p| self.write(key, &entry(identity, key, &p)));
         match written {
             Ok(()) => self.evict(),
             Err(e) => warn(format!("could not write to the compilation cache in {}: {e}", self.dir.display())),
         }
     }
 
+    /// Writes an entry aside and renames it into place: readers see a whole
+    /// entry or none.
+    fn write(&self, key: Key, bytes: &[u8]) -> std::result::Result<(), String> {
+        std::fs::create_dir_all(&self.dir).map_err(|e| e.to_string())?;
+        let tmp = self.dir.join(format!(".{:016x}{:016x}.{}.tmp", key.0, key.1, std::process::id()));
+        let mut f = std::fs::File::create(&tmp).map_err(|e| e.to_string())?;
+        f.write_all(bytes).map_err(|e| e.to_string())?;
+        drop(f);
+        std::fs::rename(&tmp, self.path(key)).map_err(|e| e.to_string())
+    }
+
+    /// The entries in the directory (files ending in .xla).
+    fn entries(&self) -> Vec<PathBuf> {
+        let Ok(dir) = std::fs::read_dir(&self.dir) else { return Vec::new() };
+        dir.flatten().map(|e| e.path()).filter(|p| p.extension().is_some_and(|x| x == "xla")).collect()
+    }
+
     /// Removes least recently used entries until the directory fits its bound.
     fn evict(&self) {
-        let Ok(dir) = std::fs::read_dir(&self.dir) else {
-            return;
-        };
-        let mut entries: Vec<(SystemTime, u64, PathBuf)> = dir
-            .flatten()
-            .filter(|e| e.path().extension().is_some_and(|x| x == "xla"))
-            .filter_map(|e| {
-                let m = e.metadata().ok()?;
-                Some((m.modified().ok()?, m.len(), e.path()))
+        let mut entries: Vec<(SystemTime, u64, PathBuf)> = self
+            .entries()
+            .into_iter()
+            .filter_map(|path| {
+                let m = path.metadata().ok()?;
+                Some((m.modified().ok()?, m.len(), path))
             })
             .collect();
         let mut total: u64 = entries.iter().map(|e| e.1).sum();
@@ -318,20 +381,96 @@ impl Disk {
     }
 }
 
+// ------------------------------------------------------------------ bundles
+
+/// A bundle: this line, the manifest's `name=value` lines, an empty line,
+/// then each disk entry after its length (u64).
+const BUNDLE_MAGIC: &[u8] = b"torchtpu compilation cache bundle\n";
+
+fn cache_dir() -> Result<&'static Disk> {
+    disk().ok_or_else(|| Error::runtime("torchtpu: the compilation cache is disabled (TORCHTPU_CACHE_DIR is empty)"))
+}
+
+/// Writes the cache directory's entries of this process's identity to `path`
+/// as one file; returns how many.
+pub fn export(path: &Path) -> Result<usize> {
+    let id = identity(runtime::get()?);
+    let disk = cache_dir()?;
+    let mut out = BUNDLE_MAGIC.to_vec();
+    out.extend_from_slice(id.text.as_bytes());
+    out.push(b'\n');
+    let mut count = 0;
+    for entry in disk.entries().iter().filter_map(|p| std::fs::read(p).ok()) {
+        if entry.len() >= HEADER && &entry[..8] == MAGIC && word(&entry, 8) == id.fingerprint {
+            out.extend_from_slice(&(entry.len() as u64).to_le_bytes());
+            out.extend_from_slice(&entry);
+            count += 1;
+        }
+    }
+    std::fs::write(path, out)
+        .map_err(|e| Error::runtime(format!("torchtpu: cannot write the cache bundle {}: {e}", path.display())))?;
+    Ok(count)
+}
+
+/// Adds the entries of a bundle written by [`export`] to the cache directory;
+/// returns how many. A bundle made under another identity (torchtpu version,
+/// plugin build, XLA flags, CPU features) or damaged is refused, naming why,
+/// and nothing is written.
+pub fn import(path: &Path) -> Result<usize> {
+    let id = identity(runtime::get()?);
+    let bytes = std::fs::read(path)
+        .map_err(|e| Error::value(format!("torchtpu: cannot read the cache bundle {}: {e}", path.display())))?;
+    let bad = |why: &str| Error::value(format!("torchtpu: {} is not a usable cache bundle: {why}", path.display()));
+    let rest = bytes.strip_prefix(BUNDLE_MAGIC).ok_or_else(|| bad("it does not start as one"))?;
+    let end = rest.windows(2).position(|w| w == b"\n\n").ok_or_else(|| bad("its manifest is cut off"))?;
+    let manifest = std::str::from_utf8(&rest[..end]).map_err(|_| bad("its manifest is not text"))?;
+    let theirs: HashMap<&str, &str> = manifest.lines().filter_map(|l| l.split_once('=')).collect();
+    for (name, ours) in &id.manifest {
+        let their = theirs.get(name).copied().unwrap_or("(none)");
+        if their != ours {
+            return Err(Error::value(format!(
+                "torchtpu: the cache bundle {} was made with {name} = {their}, this process has {name} = {ours}; \
+                 its programs cannot be used here (export a bundle where they will run)",
+                path.display()
+            )));
+        }
+    }
+    let mut body = &rest[end + 2..];
+    let mut entries = Vec::new();
+    while !body.is_empty() {
+        let len = body.get(..8).map(|w| word(w, 0) as usize).ok_or_else(|| bad("truncated"))?;
+        let entry = body.get(8..8 + len).filter(|e| e.len() >= HEADER).ok_or_else(|| bad("truncated"))?;
+        let key = (word(entry, 16), word(entry, 24));
+        verify(entry, key).map_err(|why| bad(&why))?;
+        if word(entry, 8) != id.fingerprint {
+            return Err(bad("it holds an entry of another identity"));
+        }
+        entries.push((key, entry));
+        body = &body[8 + len..];
+    }
+    let disk = cache_dir()?;
+    for (key, entry) in &entries {
+        disk.write(*key, entry).map_err(|e| {
+            Error::runtime(format!("torchtpu: cannot write to the compilation cache in {}: {e}", disk.dir.display()))
+        })?;
+    }
+    disk.evict();
+    Ok(entries.len())
+}
+
 /// The payload of an entry, if its header and checksum hold.
 fn verify(bytes: &[u8], key: Key) -> std::result::Result<&[u8], String> {
     if bytes.len() < HEADER || &bytes[..8] != MAGIC {
         return Err("not a torchtpu cache entry".into());
     }
-    let word = |i: usize| u64::from_le_bytes(bytes[i..i + 8].try_into().unwrap());
-    if (word(8), word(16)) != key {
+    if (word(bytes, 16), word(bytes, 24)) != key {
         return Err("written for another program".into());
     }
     let payload = &bytes[HEADER..];
-    if word(24) != payload.len() as u64 {
-        return Err(format!("truncated: {} of {} bytes", payload.len(), word(24)));
+    if word(bytes, 32) != payload.len() as u64 {
+        return Err(format!("truncated: {} of {} bytes", payload.len(), word(bytes, 32)));
     }
-    if word(32) != fnv(FNV_START, payload) {
+    if word(bytes, 40) != fnv(FNV_START, payload) {
         return Err("checksum mismatch".into());
     }
     Ok(payload)
@@ -365,11 +504,7 @@ mod tests {
     fn damaged_entries_never_verify() {
         let key = (1, 2);
         let payload = b"executable bytes";
-        let mut entry = MAGIC.to_vec();
-        for w in [key.0, key.1, payload.len() as u64, fnv(FNV_START, payload)] {
-            entry.extend_from_slice(&w.to_le_bytes());
-        }
-        entry.extend_from_slice(payload);
+        let entry = entry(7, key, payload);
         assert_eq!(verify(&entry, key), Ok(&payload[..]));
         assert!(verify(&entry, (1, 3)).unwrap_err().contains("another program"));
         assert!(verify(&entry[..entry.len() - 1], key).unwrap_err().contains("truncated"));

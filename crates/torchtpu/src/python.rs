@@ -8,7 +8,7 @@ use crate::dtype::DType;
 use crate::error::{Error, Kind};
 use crate::ir::Ty;
 use crate::metrics::METRICS;
-use crate::{compiled, exec, kernel, runtime, storage, trace};
+use crate::{cache, compiled, exec, kernel, runtime, storage, trace};
 
 fn py_err(e: Error) -> PyErr {
     match e.kind {
@@ -165,6 +165,17 @@ fn kernel_register(name: &str, entry: &str, functions: String, inputs: Avals, ou
     };
     kernel::register(kernel).map_err(py_err)
 }
+/// Writes the compilation cache's entries to one file (`torchtpu.cache.export`).
+#[pyfunction]
+fn cache_export(path: std::path::PathBuf) -> PyResult<usize> {
+    cache::export(&path).map_err(py_err)
+}
+
+/// Adds a bundle's entries to the compilation cache (`torchtpu.cache.import_`).
+#[pyfunction]
+fn cache_import(path: std::path::PathBuf) -> PyResult<usize> {
+    cache::import(&path).map_err(py_err)
+}
 
 #[pymodule]
 #[pyo3(name = "_C")]
@@ -187,5 +198,7 @@ fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(graph_eager, m)?)?;
     m.add_function(wrap_pyfunction!(platform, m)?)?;
     m.add_function(wrap_pyfunction!(kernel_register, m)?)?;
+    m.add_function(wrap_pyfunction!(cache_export, m)?)?;
+    m.add_function(wrap_pyfunction!(cache_import, m)?)?;
     Ok(())
 }
