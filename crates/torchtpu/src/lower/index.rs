@@ -15,6 +15,7 @@ use crate::view::contiguous_strides;
 pub static ENTRIES: &[Entry] = &[
     op("index_select", index_select),
     op("index_add", index_add),
+    op("index_copy", index_copy),
     op("gather", gather),
     op("scatter", |cx| scatter(cx, "scatter")),
     op("scatter_add", |cx| scatter(cx, "scatter_add")),
@@ -115,6 +116,66 @@ fn index_add(cx: &mut Cx) -> Result<Vec<V>> {
     let src = cx.g.binary("stablehlo.multiply", src, alpha);
     let src = cx.g.convert(src, t.dtype);
     let r = cx.g.put(x, idx, src, dim, Some(ReduceKind::Sum));
+    Ok(vec![cx.g.reshape(r, t.sizes)])
+}
+
+/// `self` with its slices at `index` along `dim` replaced by `source`'s
+/// (a static KV cache's update), with CPU's checks in CPU's order.
+fn index_copy(cx: &mut Cx) -> Result<Vec<V>> {
+    let (t, it, st) = (cx.meta("self")?, cx.meta("index")?, cx.meta("source")?);
+    if it.sizes.len() > 1 {
+        return Err(Error::index(format!(
+            "index_copy_(): Index should have dimension 1 or 0 (got {})",
+            it.sizes.len()
+        )));
+    }
+    if it.dtype != DType::I64 {
+        let got = it.dtype.torch_name();
+        return Err(Error::runtime(format!("index_copy_(): Expected a long tensor for index, but got {got}")));
+    }
+    if t.dtype != st.dtype {
+        return Err(Error::runtime(format!(
+            "index_copy_(): self and source expected to have the same dtype, but got (self) {} and (source) {}",
+            t.dtype.torch_name(),
+            st.dtype.torch_name()
+        )));
+    }
+    if !t.sizes.is_empty() && !st.sizes.is_empty() && t.sizes.len() != st.sizes.len() {
+        return Err(Error::index(format!(
+            "index_copy_(): When source and destination are not scalars, their dimensionality must match. \
+             Source dimensionality ({}), destination dimensionality ({})",
+            st.sizes.len(),
+            t.sizes.len()
+        )));
+    }
+    let dim = wrap_dim(cx.int("dim")?, t.sizes.len())?;
+    let (sizes, ssizes) = (as_vector(&t), as_vector(&st));
+    let slice =
+        |s: &[i64]| s.iter().enumerate().filter(|&(d, _)| d != dim).map(|(_, n)| n.to_string()).collect::<Vec<_>>();
+    if slice(&sizes) != slice(&ssizes) {
+        return Err(Error::runtime(format!(
+            "index_copy_(): Source/destination tensor must have same slice shapes. Destination slice shape: {} at \
+             dimension {dim} and source slice shape: {} at dimension 0.",
+            slice(&sizes).join(" "),
+            slice(&ssizes).join(" ")
+        )));
+    }
+    if ssizes[dim] != it.numel() {
+        return Err(Error::index(format!(
+            "index_copy_(): Number of indices ({}) should be equal to source.size(dim) ({})",
+            it.numel(),
+            ssizes[dim]
+        )));
+    }
+    let x = cx.tensor("self")?;
+    let x = cx.g.reshape(x, &sizes);
+    let idx = cx.tensor("index")?;
+    let idx = cx.g.reshape(idx, &[it.numel()]);
+    let message = format!("index_copy_(): {}", out_of_bounds(dim, sizes[dim]));
+    let idx = checked_indices(cx, idx, sizes[dim], false, Kind::Index, message);
+    let src = cx.tensor("source")?;
+    let src = cx.g.reshape(src, &ssizes);
+    let r = cx.g.put(x, idx, src, dim, None);
     Ok(vec![cx.g.reshape(r, t.sizes)])
 }
 
