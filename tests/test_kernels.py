@@ -97,6 +97,32 @@ def test_lowered_once_per_signature():
     assert torchtpu.metrics()["kernels"] == before + 3
 
 
+def test_later_calls_of_a_signature_take_the_fast_path_and_keep_its_rules():
+    @tp.custom_jax_kernel
+    def scaled(x, y):
+        return x * 2 + y
+
+    x, y = torch.randn(3, 4), torch.randn(3, 4)
+    first = scaled(x.to("tpu"), y.to("tpu"))  # lowers, records the signature
+
+    def python_path(*args, **kwargs):
+        raise AssertionError("the call took the Python path")
+
+    scaled._run = python_path
+    again = scaled(x.to("tpu"), y.to("tpu"))  # from C++ straight to the operator
+    del scaled._run
+    for out in (first, again):
+        torch.testing.assert_close(out.cpu(), x * 2 + y)
+    # What the fast path does not take still goes through the Python path's rules.
+    w = x.to("tpu").requires_grad_()
+    scaled(w, y.to("tpu")).sum().backward()
+    torch.testing.assert_close(w.grad.cpu(), torch.full((3, 4), 2.0))
+    with pytest.raises(ValueError, match="argument 1 is on cpu"):
+        scaled(x.to("tpu"), y)
+    with pytest.raises(TypeError, match="argument 1 is a str"):
+        scaled(x.to("tpu"), "y")
+
+
 def test_in_place_kernel_aliases_its_input(mode):
     @tp.custom_jax_kernel(input_output_aliases={0: 0})
     def sgd(param, grad, lr):

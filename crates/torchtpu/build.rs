@@ -8,11 +8,23 @@ fn torch_dir() -> PathBuf {
         return PathBuf::from(dir);
     }
     let python = std::env::var("PYO3_PYTHON").unwrap_or_else(|_| "python3".into());
+    // Without autoloading torchtpu itself: the installed build may be the broken one.
     let out = Command::new(&python)
         .args(["-c", "import os, torch; print(os.path.dirname(torch.__file__))"])
+        .env("TORCH_DEVICE_BACKEND_AUTOLOAD", "0")
         .output()
         .unwrap_or_else(|e| panic!("running {python} to locate torch: {e}"));
     assert!(out.status.success(), "torch is not importable by {python}; set TORCH_DIR");
+    PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
+}
+
+/// Python's C headers (the kernel fast path takes Python arguments).
+fn python_include() -> PathBuf {
+    let python = std::env::var("PYO3_PYTHON").unwrap_or_else(|_| "python3".into());
+    let out = Command::new(&python)
+        .args(["-c", "import sysconfig; print(sysconfig.get_paths()['include'])"])
+        .output()
+        .unwrap_or_else(|e| panic!("running {python} to locate Python's headers: {e}"));
     PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
 }
 
@@ -20,14 +32,21 @@ fn main() {
     let torch = torch_dir();
     let include = torch.join("include");
     let lib = torch.join("lib");
-    let sources =
-        ["csrc/autocast.cpp", "csrc/collective.cpp", "csrc/device.cpp", "csrc/dispatch.cpp", "csrc/graph.cpp"];
+    let sources = [
+        "csrc/autocast.cpp",
+        "csrc/collective.cpp",
+        "csrc/device.cpp",
+        "csrc/dispatch.cpp",
+        "csrc/graph.cpp",
+        "csrc/kernel.cpp",
+    ];
     cc::Build::new()
         .cpp(true)
         .std("c++20")
         .files(sources)
         .include(&include)
         .include(include.join("torch/csrc/api/include"))
+        .include(python_include())
         .define("_GLIBCXX_USE_CXX11_ABI", "1")
         .opt_level(2)
         .flag("-Wno-unused-parameter")
@@ -35,7 +54,7 @@ fn main() {
         .link_lib_modifier("+whole-archive")
         .compile("torchtpu_adapter");
     println!("cargo:rustc-link-search=native={}", lib.display());
-    for l in ["c10", "torch_cpu", "torch"] {
+    for l in ["c10", "torch_cpu", "torch", "torch_python"] {
         println!("cargo:rustc-link-lib=dylib={l}");
     }
     println!("cargo:rustc-link-arg=-Wl,-rpath,{}", lib.display());

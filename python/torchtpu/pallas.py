@@ -190,6 +190,9 @@ class _Kernel:
         self.aliases = dict(input_output_aliases)
         self.name = name or getattr(fn, "__name__", "kernel")
         self._cache: dict = {}
+        # Signatures already lowered, looked up in C++ on later calls (tpu
+        # tensors only, one output: the common case, as cheap as a native op).
+        self._table = None if self.static or self.aliases else _C.kernel_table()
         # Under torch.compile the call is one opaque graph node: Dynamo must not
         # trace JAX; AOTAutograd runs it on fake tensors and records the op.
         # Symbolic sizes are made concrete (a guard): a kernel is lowered per shape.
@@ -265,6 +268,10 @@ class _Kernel:
     def __call__(self, *args):
         if torch.compiler.is_compiling():
             return self._in_graph(*args)
+        if self._table is not None:
+            out = _C.kernel_call(self._table, args)
+            if out is not None:
+                return out
         return self._run(*args)
 
     def _run(self, *args, concrete=False):
@@ -293,6 +300,8 @@ class _Kernel:
         lowered = self._cache.get(key)
         if lowered is None:
             lowered = self._cache[key] = self._lower(args, grad)
+            if self._table is not None and lowered.backward is None and lowered.single and not numbers:
+                _C.kernel_table_put(self._table, args, lowered.id)
         if numbers:
             device = next((t.device for t in tensors if isinstance(t, torch.Tensor)), torch.device("tpu"))
             tensors = [t if isinstance(t, torch.Tensor) else torch.scalar_tensor(t, dtype=_NUMBERS[type(t)], device=device)

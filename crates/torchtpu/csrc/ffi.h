@@ -195,6 +195,16 @@ int tt_idle(uint8_t* idle);
 // a device (ops that draw random numbers without a generator argument).
 uint64_t tt_adapter_default_seed(int32_t device);
 
+// Implemented by the adapter (kernel.cpp): custom kernels' fast path from
+// Python. A table per decorated kernel maps call signatures to lowered kernels
+// of one output; `args` is the call's Python tuple (the GIL held).
+int64_t tt_kernel_table_new(void);
+// Records that calls with the signature of `args` run lowered kernel `kernel`.
+void tt_kernel_table_put(int64_t table, void* args, int64_t kernel);
+// The output (a new reference) of a call with `args`; NULL with no Python
+// error set when no recorded signature matches, NULL with one set on failure.
+void* tt_kernel_table_call(int64_t table, void* args);
+
 #ifdef __cplusplus
 }
 #endif

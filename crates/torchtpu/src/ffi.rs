@@ -53,6 +53,9 @@ const TT_GRAPH_MISS: i32 = 8;
 
 extern "C" {
     pub fn tt_adapter_default_seed(device: i32) -> u64;
+    pub fn tt_kernel_table_new() -> i64;
+    pub fn tt_kernel_table_put(table: i64, args: *mut c_void, kernel: i64);
+    pub fn tt_kernel_table_call(table: i64, args: *mut c_void) -> *mut c_void;
 }
 
 thread_local! {

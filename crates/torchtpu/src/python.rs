@@ -1,14 +1,15 @@
 //! The `torchtpu._C` Python module: configuration, modes and diagnostics.
-//! Per-op work never passes through here (it goes adapter -> `ffi`).
+//! Per-op work never passes through here (it goes adapter -> `ffi`); custom
+//! kernels' fast path only hands Python's arguments on to the adapter.
 use pyo3::exceptions::{PyIndexError, PyNotImplementedError, PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::PyDict;
+use pyo3::types::{PyDict, PyTuple};
 
 use crate::dtype::DType;
 use crate::error::{Error, Kind};
 use crate::ir::Ty;
 use crate::metrics::METRICS;
-use crate::{cache, compiled, exec, kernel, runtime, storage, trace};
+use crate::{cache, compiled, exec, ffi, kernel, runtime, storage, trace};
 
 fn py_err(e: Error) -> PyErr {
     match e.kind {
@@ -165,6 +166,36 @@ fn kernel_register(name: &str, entry: &str, functions: String, inputs: Avals, ou
     };
     kernel::register(kernel).map_err(py_err)
 }
+/// A new table of a custom kernel's lowered call signatures, for its fast
+/// path (`csrc/kernel.cpp`).
+#[pyfunction]
+fn kernel_table() -> i64 {
+    // SAFETY: called with the GIL held, as the adapter's tables require.
+    unsafe { ffi::tt_kernel_table_new() }
+}
+
+/// Records that calls with the signature of `args` run lowered kernel `kernel`.
+#[pyfunction]
+fn kernel_table_put(table: i64, args: &Bound<'_, PyTuple>, kernel: i64) {
+    // SAFETY: `args` is a live tuple and the GIL is held.
+    unsafe { ffi::tt_kernel_table_put(table, args.as_ptr().cast(), kernel) }
+}
+
+/// The kernel's output for `args` where their signature was recorded, else None.
+#[pyfunction]
+fn kernel_call<'py>(py: Python<'py>, table: i64, args: &Bound<'py, PyTuple>) -> PyResult<Bound<'py, PyAny>> {
+    // SAFETY: `args` is a live tuple and the GIL is held; a non-null result is
+    // a new reference.
+    let out = unsafe { ffi::tt_kernel_table_call(table, args.as_ptr().cast()) };
+    if out.is_null() {
+        return match PyErr::take(py) {
+            Some(e) => Err(e),
+            None => Ok(py.None().into_bound(py)),
+        };
+    }
+    Ok(unsafe { Bound::from_owned_ptr(py, out.cast()) })
+}
+
 /// Writes the compilation cache's entries to one file (`torchtpu.cache.export`).
 #[pyfunction]
 fn cache_export(path: std::path::PathBuf) -> PyResult<usize> {
@@ -198,6 +229,9 @@ fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(graph_eager, m)?)?;
     m.add_function(wrap_pyfunction!(platform, m)?)?;
     m.add_function(wrap_pyfunction!(kernel_register, m)?)?;
+    m.add_function(wrap_pyfunction!(kernel_table, m)?)?;
+    m.add_function(wrap_pyfunction!(kernel_table_put, m)?)?;
+    m.add_function(wrap_pyfunction!(kernel_call, m)?)?;
     m.add_function(wrap_pyfunction!(cache_export, m)?)?;
     m.add_function(wrap_pyfunction!(cache_import, m)?)?;
     Ok(())
