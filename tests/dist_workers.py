@@ -122,10 +122,12 @@ def collectives():
     coalesced = [x.to(device), x.to(device) * 3]
     dist.all_reduce_coalesced(coalesced)
     _same(coalesced[1], total * 3, "all_reduce_coalesced")
-    sub = dist.new_group([0, 1])
+    members = [0, world - 1]  # a subgroup: the first and last ranks
+    sub = dist.new_group(members)
     y = torch.ones(2, device=device) * (rank + 1)
     dist.all_reduce(y, group=sub)
-    _same(y, torch.full((2,), 3.0), "subgroup all_reduce")
+    expected = float(sum(r + 1 for r in members)) if rank in members else float(rank + 1)
+    _same(y, torch.full((2,), expected), "subgroup all_reduce")
     objects = [None] * world
     dist.all_gather_object(objects, {"rank": rank, "tensor_sum": float(x.sum())})
     assert [o["rank"] for o in objects] == list(range(world))

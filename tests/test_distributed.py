@@ -1,5 +1,5 @@
-"""torch.distributed on tpu tensors, in torchrun-style launches of 2 processes
-on the CPU plugin (the programs are in dist_workers.py); each launch is
+"""torch.distributed on tpu tensors, in torchrun-style launches of 2 (or 4)
+processes on the CPU plugin (the programs are in dist_workers.py); each launch is
 bounded by a timeout, so a hang fails the test instead of the suite."""
 import os
 import socket
@@ -38,7 +38,8 @@ def launch(program, world=2, timeout=240, env=None):
 
 
 def test_collectives_equal_gloo_on_cpu():
-    launch("collectives")
+    """4 processes: subgroups that leave ranks out, roots and all-to-all beyond 2."""
+    launch("collectives", world=4)
 
 
 def test_fsdp2_trains_as_one_cpu_process():
