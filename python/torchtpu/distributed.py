@@ -211,26 +211,25 @@ class TpuBackend(C10DBackend):
         """gloo's op for `reduce_op`: AVG and PREMUL_SUM are sums (see `_premul`)."""
         return ReduceOp.SUM if reduce_op.op in (ReduceOp.AVG, ReduceOp.PREMUL_SUM) else reduce_op.op
 
-    def _in_place(self, tensors):
-        """CPU tensors over the tpu tensors' own memory, for gloo to work on in
-        place (the CPU plugin, where that memory is the host's, and only tensors
-        whose buffer nothing else holds), or None: then the caller copies."""
+    def _in_place_or_copies(self, tensors):
+        """(host tensors for gloo, whether they are copies to write back): CPU
+        tensors over the tpu tensors' own memory where gloo may work in place
+        (the CPU plugin, where that memory is the host's, and only tensors
+        whose buffer nothing else holds), else host copies."""
         views = []
         for t in tensors:
             address = torch.ops.torchtpu.host_alias(t) if t.numel() else 0
             if not address:
-                return None
+                return self._host(tensors), True
             memory = (ctypes.c_char * t.nbytes).from_address(address)
             views.append(torch.frombuffer(memory, dtype=t.dtype).view(t.shape))
-        return self._staging.pin(views)
+        return self._staging.pin(views), False
 
     # -------------------------------------------------------------- collectives
 
     def broadcast(self, tensor_list, opts):
         self._check("broadcast", tensor_list, root=opts.rootRank)
-        host = self._in_place(tensor_list)
-        copied = host is None
-        host = self._host(tensor_list) if copied else host
+        host, copied = self._in_place_or_copies(tensor_list)
         self._gloo.broadcast(host, self._opts(BroadcastOptions(), rootRank=opts.rootRank)).wait()
         if copied:
             _write(tensor_list, host)
@@ -238,9 +237,7 @@ class TpuBackend(C10DBackend):
 
     def allreduce(self, tensor_list, opts):
         self._check("allreduce", tensor_list, op=opts.reduceOp)
-        host = self._in_place(tensor_list)
-        copied = host is None
-        host = self._host(tensor_list) if copied else host
+        host, copied = self._in_place_or_copies(tensor_list)
         self._premul(host, opts.reduceOp)
         self._gloo.allreduce(host, self._opts(AllreduceOptions(), reduceOp=self._gloo_op(opts.reduceOp))).wait()
         self._average(host, opts.reduceOp)

@@ -165,7 +165,6 @@ pub fn compile_on(graph: &Graph, what: &str, replicas: Option<&[i32]>) -> Result
     let exe = match disk.as_ref().and_then(|d| d.load(key, rt)) {
         Some(exe) => exe,
         None => {
-            let id = identity(rt).fingerprint;
             let start = Instant::now();
             let exe = match replicas {
                 Some(devices) => rt.client.compile_replicated(&mlir, devices),
@@ -181,7 +180,7 @@ pub fn compile_on(graph: &Graph, what: &str, replicas: Option<&[i32]>) -> Result
                 dump(&mlir, what);
             }
             if let Some(d) = &disk {
-                d.store(id, key, &exe);
+                d.store(identity(rt).fingerprint, key, &exe);
             }
             exe
         }
