@@ -159,7 +159,7 @@ pub fn host_alias(t: &Tensor) -> Result<Option<usize>> {
     drop(value);
     let Some(Value::Ready(buf)) = storage.value() else { return Ok(None) };
     // Two holders: the storage's slot and `buf` here.
-    if !whole || buf.ty.dtype != t.dtype || Arc::strong_count(&buf) != 2 {
+    if !whole || buf.ty.dtype != t.dtype || buf.padded.is_some() || Arc::strong_count(&buf) != 2 {
         return Ok(None);
     }
     let Some(address) = buf.buf.host_address() else { return Ok(None) };

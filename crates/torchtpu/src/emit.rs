@@ -5,11 +5,17 @@ use crate::dtype::DType;
 use crate::ir::{Collective, Graph, Op, ReduceKind, Ty, V};
 
 fn tensor(t: &Ty) -> String {
+    let dynamic = |i: usize| t.dynamic >> i & 1 == 1;
     let mut s = String::from("tensor<");
-    for d in &t.shape {
-        let _ = write!(s, "{d}x");
+    for (i, d) in t.shape.iter().enumerate() {
+        let _ = if dynamic(i) { write!(s, "?x") } else { write!(s, "{d}x") };
     }
     s.push_str(t.dtype.mlir());
+    if t.dynamic != 0 {
+        let bounds: Vec<String> =
+            t.shape.iter().enumerate().map(|(i, d)| if dynamic(i) { d.to_string() } else { "?".into() }).collect();
+        let _ = write!(s, ", #stablehlo.bounds<{}>", bounds.join(", "));
+    }
     s.push('>');
     s
 }
@@ -232,6 +238,10 @@ impl Emitter<'_> {
                 self.line(v, "stablehlo.slice", &attrs)
             }
             Op::Concatenate(d) => self.line(v, "stablehlo.concatenate", &format!("dimension = {d} : i64")),
+            Op::DynamicSlice(sizes) => {
+                self.line(v, "stablehlo.dynamic_slice", &format!("slice_sizes = {}", array(sizes)))
+            }
+            Op::SetDimensionSize(d) => self.line(v, "stablehlo.set_dimension_size", &format!("dimension = {d} : i64")),
             Op::Pad { low, high, interior } => {
                 let attrs = format!(
                     "edge_padding_low = {}, edge_padding_high = {}, interior_padding = {}",
@@ -383,12 +393,25 @@ impl Emitter<'_> {
         let input = node.args[0];
         let it = self.g.ty(input).clone();
         let (dt, s, si) = (it.dtype, scalar(it.dtype), scalar(DType::I64));
-        let idx_ty = Ty::new(DType::I64, &it.shape);
+        let mut idx_ty = Ty::new(DType::I64, &it.shape);
         let _ = writeln!(
             self.out,
             "    %n{v} = \"stablehlo.iota\"() {{iota_dimension = {dim} : i64}} : () -> {}",
             tensor(&idx_ty)
         );
+        // The indices take the input's bounded dimensions' real sizes.
+        let mut idx = format!("%n{v}");
+        for d in (0..it.rank()).filter(|d| it.dynamic >> d & 1 == 1) {
+            let (from, input) = (tensor(&idx_ty), self.name(input));
+            idx_ty.dynamic |= 1 << d;
+            let _ = writeln!(
+                self.out,
+                "    %d{v}_{d} = \"stablehlo.get_dimension_size\"({input}) {{dimension = {d} : i64}} : ({}) -> tensor<i32>\n    %n{v}_{d} = \"stablehlo.set_dimension_size\"({idx}, %d{v}_{d}) {{dimension = {d} : i64}} : ({from}, tensor<i32>) -> {}",
+                tensor(&it),
+                tensor(&idx_ty)
+            );
+            idx = format!("%n{v}_{d}");
+        }
         let kind = if max { ReduceKind::Max } else { ReduceKind::Min };
         self.constant(&format!("%iv{v}"), &[reduce_init(kind, dt)], &Ty::new(dt, &[]));
         self.constant(&format!("%ii{v}"), &[0], &Ty::new(DType::I64, &[]));
@@ -415,12 +438,11 @@ impl Emitter<'_> {
             "      %ri{v} = \"stablehlo.select\"(%pa{v}, %ai{v}, %bi{v}) : (tensor<i1>, {si}, {si}) -> {si}\n"
         );
         body += &format!("      \"stablehlo.return\"(%rv{v}, %ri{v}) : ({s}, {si}) -> ()\n");
-        let mut out_shape = it.shape.clone();
-        out_shape.remove(dim as usize);
-        let (ov, oi) = (tensor(&Ty::new(dt, &out_shape)), tensor(&Ty::new(DType::I64, &out_shape)));
+        let out = &node.ty;
+        let (ov, oi) = (tensor(&Ty { dtype: dt, ..out.clone() }), tensor(&Ty { dtype: DType::I64, ..out.clone() }));
         let _ = writeln!(
             self.out,
-            "    %v{v}:2 = \"stablehlo.reduce\"({}, %n{v}, %iv{v}, %ii{v}) ({{\n    ^bb0(%av{v}: {s}, %ai{v}: {si}, %bv{v}: {s}, %bi{v}: {si}):\n{body}    }}) {{dimensions = array<i64: {dim}>}} : ({}, {}, {s}, {si}) -> ({ov}, {oi})",
+            "    %v{v}:2 = \"stablehlo.reduce\"({}, {idx}, %iv{v}, %ii{v}) ({{\n    ^bb0(%av{v}: {s}, %ai{v}: {si}, %bv{v}: {s}, %bi{v}: {si}):\n{body}    }}) {{dimensions = array<i64: {dim}>}} : ({}, {}, {s}, {si}) -> ({ov}, {oi})",
             self.name(input),
             tensor(&it),
             tensor(&idx_ty)

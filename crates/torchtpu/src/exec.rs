@@ -333,7 +333,7 @@ pub fn upload(bytes: &[u8], ty: Ty, device: usize) -> Result<Arc<DeviceBuffer>> 
     Ok(DeviceBuffer::new(buf, ty, device))
 }
 
-fn upload_scalar(bytes: &[u8], dtype: DType, device: usize) -> Result<Arc<DeviceBuffer>> {
+pub fn upload_scalar(bytes: &[u8], dtype: DType, device: usize) -> Result<Arc<DeviceBuffer>> {
     if bytes.len() > 8 {
         return upload(bytes, Ty::new(dtype, &[]), device); // complex128: not worth a wider key
     }
@@ -365,11 +365,14 @@ pub fn tensor_at<'a>(args: &'a [Arg<'a>], arg: usize, item: usize) -> Result<Ten
 /// The buffer holding `value`, running the fused trace first if it has
 /// not been computed yet.
 pub fn resolve(value: &Value, reason: Reason) -> Result<Arc<DeviceBuffer>> {
-    if let Some(b) = value.buffer() {
-        return b;
-    }
-    trace::flush(reason)?;
-    value.buffer().unwrap_or_else(|| Err(Error::runtime("torchtpu: a pending value was not computed")))
+    let buf = match value.buffer() {
+        Some(b) => b?,
+        None => {
+            trace::flush(reason)?;
+            value.buffer().unwrap_or_else(|| Err(Error::runtime("torchtpu: a pending value was not computed")))?
+        }
+    };
+    crate::bounded::unpad(&buf)
 }
 
 pub fn input(plan: &Plan, input: &Input, args: &[Arg], device: usize) -> Result<Arc<DeviceBuffer>> {

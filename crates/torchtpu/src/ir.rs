@@ -11,11 +11,14 @@ pub type V = usize;
 pub struct Ty {
     pub dtype: DType,
     pub shape: Vec<i64>,
+    /// Bounded dynamic dimensions (a bit per dimension; `shape` holds their
+    /// bounds): only in programs compiled for a bucket (`bounded.rs`).
+    pub dynamic: u64,
 }
 
 impl Ty {
     pub fn new(dtype: DType, shape: &[i64]) -> Ty {
-        Ty { dtype, shape: shape.to_vec() }
+        Ty { dtype, shape: shape.to_vec(), dynamic: 0 }
     }
     pub fn numel(&self) -> i64 {
         self.shape.iter().product()
@@ -172,6 +175,13 @@ pub enum Op {
     },
     /// Result n of the multi-result node that is its argument.
     Result(usize),
+    /// The operand with dimension `0` of real size `args[1]` (an i32 scalar)
+    /// within its bound: XLA pads and masks the rest. A constant size equal
+    /// to the bound makes the dimension static again.
+    SetDimensionSize(i64),
+    /// A slice of these sizes at start indices `args[1..]` (i32 scalars),
+    /// computed when the program runs.
+    DynamicSlice(Vec<i64>),
 }
 
 /// What a collective computes; each replica contributes its operand.

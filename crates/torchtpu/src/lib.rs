@@ -9,6 +9,7 @@
 //! collectives run as replicated [`collective`] programs where XLA's collectives
 //! reach every member.
 pub mod args;
+pub mod bounded;
 pub mod cache;
 pub mod collective;
 pub mod compiled;

@@ -34,6 +34,15 @@ pub struct Metrics {
     pub kernels: AtomicU64,
     /// Collective programs run (`collective.rs`).
     pub collectives: AtomicU64,
+    /// Fused programs compiled for a bucket of a changing size, flushes they
+    /// ran, and buffers copied through the host into (`repads`) or out of
+    /// (`unpads`) a bucket's padded shape (`bounded.rs`).
+    pub bucketed_programs: AtomicU64,
+    pub bucketed_runs: AtomicU64,
+    pub repads: AtomicU64,
+    pub unpads: AtomicU64,
+    /// Why traces whose sizes change were not bucketed, with counts.
+    pub bucket_refusals: Mutex<BTreeMap<String, u64>>,
     /// Nodes of the largest fused program run.
     pub largest_graph: AtomicU64,
     pub fallbacks: Mutex<BTreeMap<String, u64>>,
@@ -92,6 +101,10 @@ impl Metrics {
             ("compiled_graph_calls", get(&self.graph_calls)),
             ("kernels", get(&self.kernels)),
             ("collectives", get(&self.collectives)),
+            ("bucketed_programs", get(&self.bucketed_programs)),
+            ("bucketed_runs", get(&self.bucketed_runs)),
+            ("repads", get(&self.repads)),
+            ("unpads", get(&self.unpads)),
         ]
     }
 
@@ -121,6 +134,10 @@ impl Metrics {
             &self.graph_calls,
             &self.kernels,
             &self.collectives,
+            &self.bucketed_programs,
+            &self.bucketed_runs,
+            &self.repads,
+            &self.unpads,
         ] {
             c.store(0, Ordering::Relaxed);
         }
@@ -128,5 +145,6 @@ impl Metrics {
         self.eager_graphs.lock().unwrap().clear();
         self.flushes.lock().unwrap().clear();
         self.recompile_reasons.lock().unwrap().clear();
+        self.bucket_refusals.lock().unwrap().clear();
     }
 }

@@ -95,6 +95,7 @@ fn metrics(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     d.set_item("cached_scalars", exec::cached_scalars())?;
     d.set_item("flushes", METRICS.flushes.lock().unwrap().clone().into_pyobject(py)?)?;
     d.set_item("recompile_reasons", METRICS.recompile_reasons.lock().unwrap().clone())?;
+    d.set_item("bucket_refusals", METRICS.bucket_refusals.lock().unwrap().clone().into_pyobject(py)?)?;
     d.set_item("ops_pending", trace::recorded())?;
     Ok(d)
 }
@@ -208,6 +209,12 @@ fn cache_import(path: std::path::PathBuf) -> PyResult<usize> {
     cache::import(&path).map_err(py_err)
 }
 
+/// The bucket a changing size of `s` compiles for (`bounded.rs`).
+#[pyfunction]
+fn bucket(s: i64) -> i64 {
+    crate::bounded::bucket(s)
+}
+
 #[pymodule]
 #[pyo3(name = "_C")]
 fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -234,5 +241,6 @@ fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(kernel_call, m)?)?;
     m.add_function(wrap_pyfunction!(cache_export, m)?)?;
     m.add_function(wrap_pyfunction!(cache_import, m)?)?;
+    m.add_function(wrap_pyfunction!(bucket, m)?)?;
     Ok(())
 }

@@ -21,21 +21,34 @@ static NEXT_ADDR: AtomicU64 = AtomicU64::new(1 << 44);
 pub struct DeviceBuffer {
     pub buf: ManuallyDrop<pjrt::Buffer>,
     pub ty: Ty,
-    device: usize,
+    /// The buffer's shape where it is larger than `ty`'s: the output of a
+    /// program compiled for a bucket (`bounded.rs`), whose contents are the
+    /// box `ty.shape` at its origin; the rest is padding nobody reads.
+    pub padded: Option<Vec<i64>>,
+    pub device: usize,
 }
 
 impl DeviceBuffer {
     pub fn new(buf: pjrt::Buffer, ty: Ty, device: usize) -> Arc<DeviceBuffer> {
+        DeviceBuffer::with_shape(buf, ty, None, device)
+    }
+
+    pub fn with_shape(buf: pjrt::Buffer, ty: Ty, padded: Option<Vec<i64>>, device: usize) -> Arc<DeviceBuffer> {
         LIVE_BUFFERS.fetch_add(1, Ordering::Relaxed);
-        let buffer = DeviceBuffer { buf: ManuallyDrop::new(buf), ty, device };
+        let buffer = DeviceBuffer { buf: ManuallyDrop::new(buf), ty, padded, device };
         memory::allocated(device, buffer.bytes());
         Arc::new(buffer)
     }
 
-    /// What it holds on the device (counted by `memory`): its contents' size,
-    /// known from its type without asking the plugin on every op.
+    /// The buffer's own shape.
+    pub fn shape(&self) -> &[i64] {
+        self.padded.as_deref().unwrap_or(&self.ty.shape)
+    }
+
+    /// What it holds on the device (counted by `memory`): its size, known
+    /// from its type without asking the plugin on every op.
     fn bytes(&self) -> i64 {
-        self.ty.numel() * self.ty.dtype.size() as i64
+        self.shape().iter().product::<i64>() * self.ty.dtype.size() as i64
     }
 }
 

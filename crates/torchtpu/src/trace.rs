@@ -20,6 +20,7 @@ use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Instant;
 
 use crate::args::Arg;
+use crate::bounded;
 use crate::cache::{self, Program};
 use crate::error::{Error, Kind, Result};
 use crate::exec::{self, FxHasher, FxMap, Plan};
@@ -437,14 +438,41 @@ fn structure_key(g: &Graph) -> (u64, u64) {
     (a.finish(), b.finish())
 }
 
-fn program(trace: &Trace, g: &Graph) -> Result<Arc<Program>> {
-    let key = structure_key(g);
+/// The compiled program of `g`: its own, or (where `g` has padded inputs or
+/// misses, and its sizes change from an earlier trace of its structure) the
+/// program of its bucket.
+fn program(trace: &Trace, g: &Graph, padded_inputs: bool) -> Result<(Arc<Program>, Option<bounded::Bucketed>)> {
     let mut guard = PROGRAMS.lock().unwrap();
     let programs = guard.get_or_insert_with(Programs::default);
-    if let Some(p) = programs.by_key.get(&key).and_then(Weak::upgrade) {
+    let lookup = |programs: &Programs, key| programs.by_key.get(&key).and_then(Weak::upgrade);
+    let key = structure_key(g);
+    if !padded_inputs {
+        if let Some(p) = lookup(programs, key) {
+            bump(&METRICS.fused_hits);
+            p.touch();
+            return Ok((p, None));
+        }
+    }
+    if let Some(b) = bounded::enabled().then(|| bounded::generalize(g)).flatten() {
+        let bkey = structure_key(&b.graph);
+        if let Some(p) = lookup(programs, bkey) {
+            bump(&METRICS.fused_hits);
+            p.touch();
+            return Ok((p, Some(b)));
+        }
+        // A bucket XLA cannot compile (an op its padding does not take)
+        // falls back to the trace's own program.
+        if let Ok(p) = cache::compile(&b.graph, "bucketed fused program") {
+            bump(&METRICS.fused_misses);
+            bump(&METRICS.bucketed_programs);
+            programs.by_key.insert(bkey, Arc::downgrade(&p));
+            return Ok((p, Some(b)));
+        }
+    }
+    if let Some(p) = lookup(programs, key).filter(|_| padded_inputs) {
         bump(&METRICS.fused_hits);
         p.touch();
-        return Ok(p);
+        return Ok((p, None));
     }
     bump(&METRICS.fused_misses);
     let ops: Vec<(Arc<Plan>, Option<String>)> =
@@ -467,7 +495,7 @@ fn program(trace: &Trace, g: &Graph) -> Result<Arc<Program>> {
         programs.history.remove(0);
     }
     programs.history.push(ops);
-    Ok(p)
+    Ok((p, None))
 }
 
 /// Why `ops` missed the cache: its first difference from the nearest
@@ -512,12 +540,27 @@ fn run(trace: Trace, live: &[Arc<Pending>]) -> Result<()> {
     if lowered.graph.outputs.is_empty() {
         return Ok(());
     }
-    let program = program(&trace, &lowered.graph)?;
+    let padded_inputs = lowered.params.iter().any(|&n| trace.buffer(n).padded.is_some());
+    let (program, bucketed) = program(&trace, &lowered.graph, padded_inputs)?;
     let rt = runtime::get()?;
-    let args: Vec<&pjrt::Buffer> = lowered.params.iter().map(|&n| &*trace.buffer(n).buf).collect();
-    let kept: Vec<i64> = (0..args.len()).filter(|&k| lowered.graph.donors[k].is_none()).map(|k| k as i64).collect();
+    // Inputs in the shapes the program takes: its bucket's, or exact.
+    let mut inputs: Vec<Arc<DeviceBuffer>> = Vec::with_capacity(lowered.params.len() + 1);
+    for (k, &n) in lowered.params.iter().enumerate() {
+        let buf = trace.buffer(n);
+        inputs.push(match &bucketed {
+            Some(b) => bounded::repad(buf, &b.graph.params[k].shape)?,
+            None => bounded::unpad(buf)?,
+        });
+    }
+    if let Some(b) = &bucketed {
+        inputs.push(exec::upload_scalar(&(b.s as i32).to_le_bytes(), crate::dtype::DType::I32, trace.device)?);
+        bump(&METRICS.bucketed_runs);
+    }
+    let graph = bucketed.as_ref().map_or(&lowered.graph, |b| &b.graph);
+    let args: Vec<&pjrt::Buffer> = inputs.iter().map(|b| &*b.buf).collect();
+    let kept: Vec<i64> = (0..args.len()).filter(|&k| graph.donors[k].is_none()).map(|k| k as i64).collect();
     add(&METRICS.donated, (args.len() - kept.len()) as u64);
-    METRICS.largest_graph.fetch_max(lowered.graph.nodes.len() as u64, std::sync::atomic::Ordering::Relaxed);
+    METRICS.largest_graph.fetch_max(graph.nodes.len() as u64, std::sync::atomic::Ordering::Relaxed);
     let start = Instant::now();
     let raw = program
         .exe
@@ -528,7 +571,11 @@ fn run(trace: Trace, live: &[Arc<Pending>]) -> Result<()> {
     let outs: Vec<Arc<DeviceBuffer>> = raw
         .into_iter()
         .zip(&lowered.graph.outputs)
-        .map(|(b, &v)| DeviceBuffer::new(b, lowered.graph.ty(v).clone(), trace.device))
+        .enumerate()
+        .map(|(o, (b, &v))| {
+            let padded = bucketed.as_ref().and_then(|bk| bk.padded[o].clone());
+            DeviceBuffer::with_shape(b, lowered.graph.ty(v).clone(), padded, trace.device)
+        })
         .collect();
     exec::track(&outs)?;
     for (p, s) in live.iter().zip(&lowered.sources) {

@@ -188,8 +188,11 @@ fn batch_norm(cx: &mut Cx) -> Result<Vec<V>> {
         outs.extend([cx.g.convert(m, sdt), cx.g.convert(r, sdt)]);
         let n = xt.numel() / shape[1];
         let c = [shape[1]];
-        let unbiased = cx.g.full(n as f64 / (n - 1) as f64, ct, &c);
-        let v = mul(cx, v, unbiased);
+        // n and n - 1 as constants of their own: a program bucketed over a
+        // changing batch computes both from its size (`bounded.rs`).
+        let (count, less) = (cx.g.full(n as f64, ct, &c), cx.g.full((n - 1) as f64, ct, &c));
+        let sum = mul(cx, v, count);
+        let v = cx.g.binary("stablehlo.divide", sum, less);
         for (name, stat) in RUNNING.into_iter().zip([m, v]) {
             if cx.writes(name) {
                 let old = read(cx, name, ct)?;

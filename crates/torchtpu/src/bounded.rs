@@ -1,0 +1,466 @@
+//! Bounded dynamic dimensions: a fused program compiled once per bucket of a
+//! changing size rather than once per size.
+//!
+//! Lowerings only ever see real, static shapes. When a flushed trace misses
+//! the program cache, its graph is compared with the first trace of the same
+//! structure up to integers (sizes, slice bounds, integral constants): its
+//! *template*. If every integer that differs is `a*s + b` (a > 0) of one size
+//! `s`, the program is built for `s`'s bucket `B` (`TORCHTPU_BUCKETS`, else
+//! the next power of two): each such dimension becomes a bounded dynamic
+//! dimension of bound `a*B + b` whose real size is computed from `s`, a
+//! runtime input (`stablehlo.set_dimension_size`), and XLA masks reductions,
+//! products and the rest over the padding; a constant such as a mean's count
+//! is computed from `s` too. Programs take and return static buffers of their
+//! bounds (bounded parameters do not compile, bounded results cannot feed
+//! another program), so outputs stay padded ([`DeviceBuffer::padded`]) and
+//! feed the next bucketed program as they are; other readers get the real
+//! box, copied through the host (`unpad`, counted), as are inputs that arrive
+//! in another shape (`repad`). Ops a dynamic dimension may reach are the ones
+//! XLA's padding is known to handle; any other keeps the trace static.
+use std::hash::{Hash, Hasher};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use crate::dtype::DType;
+use crate::error::Result;
+use crate::exec::{FxHasher, FxMap};
+use crate::ir::{Graph, Op, Ty, V};
+use crate::metrics::{bump, METRICS};
+use crate::runtime;
+use crate::storage::DeviceBuffer;
+
+/// Where an integer of a graph sits.
+#[derive(Clone, Copy)]
+enum Slot {
+    /// Dimension `d` of node `v`'s type.
+    Dim(V, usize),
+    /// Field `f` (start, limit, stride) of a slice's dimension `d`.
+    Slice(V, usize, usize),
+    /// An integral constant's value.
+    Const(V),
+}
+
+/// A graph's integers and a hash of everything else.
+struct Scan {
+    key: u64,
+    ints: Vec<i64>,
+    slots: Vec<Slot>,
+}
+
+fn integral(bits: i64, dtype: DType) -> Option<i64> {
+    if !dtype.is_float() {
+        return Some(bits);
+    }
+    let x = f64::from_bits(bits as u64);
+    (x.fract() == 0.0 && x.abs() < (1u64 << 31) as f64).then_some(x as i64)
+}
+
+fn scan(g: &Graph) -> Scan {
+    let mut h = FxHasher::default();
+    let (mut ints, mut slots) = (Vec::new(), Vec::new());
+    for (v, node) in g.nodes.iter().enumerate() {
+        match &node.op {
+            Op::Slice { start, limit, stride } => {
+                "slice".hash(&mut h);
+                for (f, field) in [start, limit, stride].into_iter().enumerate() {
+                    for (d, &x) in field.iter().enumerate() {
+                        ints.push(x);
+                        slots.push(Slot::Slice(v, f, d));
+                    }
+                }
+            }
+            &Op::Const(bits) => match integral(bits, node.ty.dtype) {
+                Some(x) => {
+                    "const".hash(&mut h);
+                    ints.push(x);
+                    slots.push(Slot::Const(v));
+                }
+                None => node.op.hash(&mut h),
+            },
+            op => op.hash(&mut h),
+        }
+        node.args.hash(&mut h);
+        node.ty.dtype.hash(&mut h);
+        node.ty.rank().hash(&mut h);
+        for (d, &x) in node.ty.shape.iter().enumerate() {
+            ints.push(x);
+            slots.push(Slot::Dim(v, d));
+        }
+    }
+    (&g.outputs, &g.donors, g.params.len()).hash(&mut h);
+    Scan { key: h.finish(), ints, slots }
+}
+
+/// Whether fused programs are bucketed (`TORCHTPU_DYNAMIC=1`; off by
+/// default until the conformance sweep runs with sizes below their bucket).
+pub fn enabled() -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| std::env::var("TORCHTPU_DYNAMIC").is_ok_and(|v| v == "1"))
+}
+
+/// The first graph seen of each structure, by `Scan::key`.
+static TEMPLATES: Mutex<Option<FxMap<u64, Vec<i64>>>> = Mutex::new(None);
+
+/// The bucket of a size: the first of `TORCHTPU_BUCKETS` (comma-separated,
+/// ascending) that holds it, else the next power of two.
+pub fn bucket(s: i64) -> i64 {
+    static BUCKETS: OnceLock<Vec<i64>> = OnceLock::new();
+    let buckets = BUCKETS.get_or_init(|| {
+        let list = std::env::var("TORCHTPU_BUCKETS").unwrap_or_default();
+        let mut b: Vec<i64> = list.split(',').filter_map(|x| x.trim().parse().ok()).filter(|&x| x > 0).collect();
+        b.sort_unstable();
+        b
+    });
+    buckets.iter().copied().find(|&b| b >= s).unwrap_or_else(|| (s.max(1) as u64).next_power_of_two() as i64)
+}
+
+/// A program for a bucket, built from a flushed trace's graph.
+pub struct Bucketed {
+    /// The graph with bounded dimensions; its last parameter is `s`.
+    pub graph: Graph,
+    pub s: i64,
+    /// Each output's buffer shape where it is padded.
+    pub padded: Vec<Option<Vec<i64>>>,
+}
+
+/// `a*s + b` for each integer of the graph (a = 0: it does not change).
+type Formula = (i64, i64);
+
+/// The program of `g` for its bucket, if `g` differs from its template only
+/// in integers of one size that every op reached can take dynamically.
+pub fn generalize(g: &Graph) -> Option<Bucketed> {
+    let scan = scan(g);
+    let mut guard = TEMPLATES.lock().unwrap();
+    let templates = guard.get_or_insert_with(FxMap::default);
+    let Some(first) = templates.get(&scan.key) else {
+        if templates.len() >= 1024 {
+            templates.clear();
+        }
+        templates.insert(scan.key, scan.ints);
+        return None;
+    };
+    // The size: the integer that changed least (others are multiples of it).
+    let k0 = (0..first.len()).filter(|&k| scan.ints[k] != first[k]).min_by_key(|&k| (scan.ints[k] - first[k]).abs())?;
+    let (s, s0) = (scan.ints[k0], first[k0]);
+    if s <= 0 {
+        return None;
+    }
+    let mut formulas: Vec<Formula> = Vec::with_capacity(scan.ints.len());
+    for (&x, &x0) in scan.ints.iter().zip(first) {
+        let (dx, ds) = (x - x0, s - s0);
+        if dx % ds != 0 || dx / ds < 0 {
+            return refuse("a size that is not a multiple of one changing size");
+        }
+        formulas.push((dx / ds, x - dx / ds * s));
+    }
+    drop(guard);
+    Builder::new(g, &scan.slots, &formulas, s).build()
+}
+
+fn refuse(why: &str) -> Option<Bucketed> {
+    *METRICS.bucket_refusals.lock().unwrap().entry(why.to_string()).or_insert(0) += 1;
+    None
+}
+
+struct Builder<'a> {
+    g: &'a Graph,
+    out: Graph,
+    /// Per node: each dimension's formula; a const's value, a slice's fields.
+    dims: Vec<Vec<Formula>>,
+    value: FxMap<V, Formula>,
+    slice: FxMap<(V, usize, usize), Formula>,
+    bucket: i64,
+    s: V,
+    s_value: i64,
+    sizes: FxMap<Formula, V>,
+}
+
+fn dynamic(forms: &[Formula]) -> u64 {
+    forms.iter().enumerate().filter(|(_, f)| f.0 > 0).fold(0, |m, (d, _)| m | 1 << d)
+}
+
+impl<'a> Builder<'a> {
+    fn new(g: &'a Graph, slots: &[Slot], formulas: &[Formula], s: i64) -> Builder<'a> {
+        let mut dims: Vec<Vec<Formula>> = g.nodes.iter().map(|n| vec![(0, 0); n.ty.rank()]).collect();
+        let (mut value, mut slice) = (FxMap::default(), FxMap::default());
+        for (slot, &f) in slots.iter().zip(formulas) {
+            match *slot {
+                Slot::Dim(v, d) => dims[v][d] = f,
+                Slot::Const(v) => drop(value.insert(v, f)),
+                Slot::Slice(v, field, d) => drop(slice.insert((v, field, d), f)),
+            }
+        }
+        let mut out = Graph::default();
+        for ty in &g.params {
+            out.param(Ty::new(ty.dtype, &ty.shape)); // shapes fixed in `build`
+        }
+        let s_param = out.param(Ty::new(DType::I32, &[]));
+        let bucket = bucket(s);
+        Builder { g, out, dims, value, slice, bucket, s: s_param, s_value: s, sizes: FxMap::default() }
+    }
+
+    fn bound(&self, (a, b): Formula) -> i64 {
+        a * self.bucket + b
+    }
+
+    /// Node `v`'s type with its bounds; `dynamic` marks which dimensions are.
+    fn ty(&self, v: V, dynamic: u64) -> Ty {
+        let ty = &self.g.nodes[v].ty;
+        let shape: Vec<i64> = self.dims[v].iter().map(|&f| self.bound(f)).collect();
+        Ty { dtype: ty.dtype, shape, dynamic }
+    }
+
+    /// `a*s + b` as an i32 scalar.
+    fn size(&mut self, f: Formula) -> V {
+        if let Some(&v) = self.sizes.get(&f) {
+            return v;
+        }
+        let i32 = Ty::new(DType::I32, &[]);
+        let mut v = self.s;
+        if f.0 != 1 {
+            let a = self.out.push(Op::Const(f.0), vec![], i32.clone());
+            v = self.out.push(Op::Elementwise("stablehlo.multiply"), vec![v, a], i32.clone());
+        }
+        if f.1 != 0 {
+            let b = self.out.push(Op::Const(f.1), vec![], i32.clone());
+            v = self.out.push(Op::Elementwise("stablehlo.add"), vec![v, b], i32);
+        }
+        self.sizes.insert(f, v);
+        v
+    }
+
+    /// `x` (node `v`'s value) with its dimensions in `mask` set to their real sizes.
+    fn set_sizes(&mut self, mut x: V, v: V, mask: u64) -> V {
+        for d in 0..self.dims[v].len() {
+            if mask >> d & 1 == 1 {
+                let size = self.size(self.dims[v][d]);
+                let mut ty = self.out.ty(x).clone();
+                ty.dynamic |= 1 << d;
+                x = self.out.push(Op::SetDimensionSize(d as i64), vec![x, size], ty);
+            }
+        }
+        x
+    }
+
+    /// A slice of node `v`'s operand: static where its bounds stay put, else
+    /// of the bound of its size at an end that moves no faster than the
+    /// operand's, or at a start computed from `s` (only real elements read).
+    fn slice(&mut self, v: V, start: &[i64], limit: &[i64], stride: &[i64], args: Vec<V>) -> Option<V> {
+        let operand = self.g.nodes[v].args[0];
+        let (mut limit, mut starts, mut moving) = (limit.to_vec(), Vec::new(), false);
+        for d in 0..limit.len() {
+            let [fs, fl, ft] = [0, 1, 2].map(|f| self.slice[&(v, f, d)]);
+            let (od, size) = (self.dims[operand][d], self.dims[v][d]);
+            if ft.0 != 0 || (stride[d] != 1 && (fs.0 != 0 || fl.0 != 0)) {
+                return None;
+            }
+            if fs.0 != 0 {
+                moving = true;
+                if self.bound(fs) + self.bound(size) > self.bound(od) {
+                    return None; // XLA would clamp the start
+                }
+            } else if fl.0 != 0 && (fl.0 > od.0 || self.bound(fl) > self.bound(od)) {
+                return None;
+            }
+            limit[d] = self.bound(fl);
+            starts.push(fs);
+        }
+        if !moving {
+            let op = Op::Slice { start: start.to_vec(), limit, stride: stride.to_vec() };
+            return Some(self.out.push(op, args, self.ty(v, 0)));
+        }
+        let mut operands = args;
+        for f in starts {
+            let i =
+                if f.0 == 0 { self.out.push(Op::Const(f.1), vec![], Ty::new(DType::I32, &[])) } else { self.size(f) };
+            operands.push(i);
+        }
+        let sizes = self.dims[v].iter().map(|&f| self.bound(f)).collect();
+        Some(self.out.push(Op::DynamicSlice(sizes), operands, self.ty(v, 0)))
+    }
+
+    fn build(mut self) -> Option<Bucketed> {
+        let g = self.g;
+        let mut map: Vec<V> = Vec::with_capacity(g.nodes.len());
+        for (v, node) in g.nodes.iter().enumerate() {
+            let want = dynamic(&self.dims[v]);
+            let args: Vec<V> = node.args.iter().map(|&a| map[a]).collect();
+            let any = want != 0 || node.args.iter().any(|&a| dynamic(&self.dims[a]) != 0);
+            let x = match &node.op {
+                &Op::Param(n) => {
+                    let ty = self.ty(v, 0);
+                    self.out.params[n] = ty.clone();
+                    self.out.nodes[n].ty = ty;
+                    self.set_sizes(n, v, want)
+                }
+                &Op::Const(bits) => {
+                    let c = match self.value.get(&v).copied().filter(|f| f.0 > 0) {
+                        // A count (a mean's, a loss's): computed from `s`.
+                        Some(f) => {
+                            let n = self.size(f);
+                            let scalar = Ty::new(node.ty.dtype, &[]);
+                            let n = self.out.push(Op::Convert, vec![n], scalar);
+                            self.out.push(Op::BroadcastInDim(vec![]), vec![n], self.ty(v, 0))
+                        }
+                        None => self.out.push(Op::Const(bits), vec![], self.ty(v, 0)),
+                    };
+                    self.set_sizes(c, v, want)
+                }
+                Op::Iota(_) | Op::Dense(_) => {
+                    let x = self.out.push(node.op.clone(), vec![], self.ty(v, 0));
+                    self.set_sizes(x, v, want)
+                }
+                Op::BroadcastInDim(map_dims) => {
+                    let from = dynamic(&self.dims[node.args[0]]);
+                    let inherited = map_dims
+                        .iter()
+                        .enumerate()
+                        .filter(|(i, _)| from >> i & 1 == 1)
+                        .fold(0, |m, (_, &d)| m | 1 << d);
+                    let x = self.out.push(node.op.clone(), args, self.ty(v, inherited));
+                    self.set_sizes(x, v, want & !inherited)
+                }
+                Op::Slice { start, limit, stride } => match self.slice(v, start, limit, stride, args) {
+                    Some(x) => self.set_sizes(x, v, want),
+                    None => return refuse("a slice at an offset that changes"),
+                },
+                // XLA splits or merges a changing dimension as the major one
+                // of its group; only there do its elements stay in
+                // PyTorch's order, so it must stay outermost.
+                Op::Reshape if dynamic(&self.dims[node.args[0]]) | want <= 1 => {
+                    self.out.push(Op::Reshape, args, self.ty(v, want))
+                }
+                &Op::Concatenate(axis) if self.dims[v][axis as usize].0 == 0 => {
+                    self.out.push(node.op.clone(), args, self.ty(v, want))
+                }
+                Op::Elementwise(_)
+                | Op::Compare(_)
+                | Op::Select
+                | Op::Convert
+                | Op::Transpose(_)
+                | Op::Reduce { .. }
+                | Op::DotGeneral { .. } => self.out.push(node.op.clone(), args, self.ty(v, want)),
+                Op::BitcastConvert if node.ty.rank() == g.ty(node.args[0]).rank() => {
+                    self.out.push(node.op.clone(), args, self.ty(v, want))
+                }
+                // Padding goes right after the real elements (checked).
+                Op::Pad { low, high, interior }
+                    if (0..low.len())
+                        .all(|d| self.dims[v][d].0 == 0 || (low[d] >= 0 && high[d] >= 0 && interior[d] == 0)) =>
+                {
+                    self.out.push(node.op.clone(), args, self.ty(v, want))
+                }
+                // Indices within the real size are the lowerings' to check
+                // (against a count computed from `s`), as without padding.
+                Op::ArgReduce { .. } | Op::Take { .. } => self.out.push(node.op.clone(), args, self.ty(v, want)),
+                // XLA drops the padding's updates (checked); the target
+                // itself must not change along the axis.
+                &Op::Put { axis, .. } if self.dims[node.args[0]][axis as usize].0 == 0 => {
+                    self.out.push(node.op.clone(), args, self.ty(v, want))
+                }
+                op if !any => self.out.push(op.clone(), args, node.ty.clone()),
+                op => return refuse(op_name(op)),
+            };
+            map.push(x);
+        }
+        let mut padded = Vec::with_capacity(g.outputs.len());
+        for &o in &g.outputs {
+            let mut x = map[o];
+            let mask = dynamic(&self.dims[o]);
+            for d in 0..self.dims[o].len() {
+                if mask >> d & 1 == 1 {
+                    // A constant size equal to the bound: the value leaves static.
+                    let bound = self.out.push(Op::Const(self.bound(self.dims[o][d])), vec![], Ty::new(DType::I32, &[]));
+                    let mut ty = self.out.ty(x).clone();
+                    ty.dynamic &= !(1 << d);
+                    x = self.out.push(Op::SetDimensionSize(d as i64), vec![x, bound], ty);
+                }
+            }
+            padded.push((mask != 0).then(|| self.out.ty(x).shape.clone()));
+            self.out.outputs.push(x);
+        }
+        let types_match = |out: &Graph, k: usize, o: usize| out.params[k] == *out.ty(out.outputs[o]);
+        self.out.donors =
+            g.donors.iter().enumerate().map(|(k, d)| d.filter(|&o| types_match(&self.out, k, o))).collect();
+        self.out.donors.push(None);
+        Some(Bucketed { graph: self.out, s: self.s_value, padded })
+    }
+}
+
+fn op_name(op: &Op) -> &'static str {
+    match op {
+        Op::Take { .. } => "a gather along a changing size",
+        Op::Put { .. } => "a scatter along a changing size",
+        Op::Sort { .. } => "a sort along a changing size",
+        Op::Pad { .. } => "a pad of a changing size",
+        Op::Reverse(_) => "a reverse along a changing size",
+        Op::ArgReduce { .. } => "an argmax along a changing size",
+        Op::Convolution(_) => "a convolution over a changing size",
+        Op::Reshape => "a reshape that moves a changing size inward",
+        Op::Concatenate(_) => "a concatenation along a changing size",
+        _ => "an op without bounded dimensions",
+    }
+}
+
+/// The elements of the box `real` of a row-major array shaped `from`, laid
+/// out in an array shaped `to` (zeros elsewhere); `size` bytes per element.
+fn copy_box(src: &[u8], from: &[i64], to: &[i64], real: &[i64], size: usize) -> Vec<u8> {
+    let mut out = vec![0u8; to.iter().product::<i64>() as usize * size];
+    let strides = |shape: &[i64]| {
+        let mut s = vec![size; shape.len()];
+        for d in (0..shape.len().saturating_sub(1)).rev() {
+            s[d] = s[d + 1] * shape[d + 1] as usize;
+        }
+        s
+    };
+    let (sf, st) = (strides(from), strides(to));
+    let rank = real.len();
+    if rank == 0 || real.contains(&0) {
+        out[..src.len().min(size)].copy_from_slice(&src[..src.len().min(size)]);
+        return out;
+    }
+    let row = real[rank - 1] as usize * size;
+    let mut index = vec![0i64; rank - 1];
+    loop {
+        let (a, b) =
+            index.iter().enumerate().fold((0, 0), |(a, b), (d, &i)| (a + i as usize * sf[d], b + i as usize * st[d]));
+        out[b..b + row].copy_from_slice(&src[a..a + row]);
+        let Some(d) = (0..rank - 1).rev().find(|&d| index[d] + 1 < real[d]) else { break };
+        index[d] += 1;
+        index[d + 1..].iter_mut().for_each(|i| *i = 0);
+    }
+    out
+}
+
+/// `buf`'s contents in a buffer shaped `shape` (None: exactly its type's).
+fn reshaped(buf: &Arc<DeviceBuffer>, shape: Option<&[i64]>) -> Result<Arc<DeviceBuffer>> {
+    let size = buf.ty.dtype.size();
+    let mut bytes = vec![0u8; buf.shape().iter().product::<i64>() as usize * size];
+    buf.buf.to_host(&mut bytes)?;
+    bump(&METRICS.transfers_to_host);
+    let to = shape.unwrap_or(&buf.ty.shape);
+    let bytes = copy_box(&bytes, buf.shape(), to, &buf.ty.shape, size);
+    let rt = runtime::get()?;
+    let raw = rt.client.buffer_from_host(&bytes, buf.ty.dtype.element_type(), to, rt.device(buf.device)?)?;
+    bump(&METRICS.transfers_to_device);
+    let padded = (to != buf.ty.shape.as_slice()).then(|| to.to_vec());
+    Ok(DeviceBuffer::with_shape(raw, buf.ty.clone(), padded, buf.device))
+}
+
+/// `buf` holding exactly its type's elements: a padded buffer's box,
+/// copied through the host, for readers other than bucketed programs.
+pub fn unpad(buf: &Arc<DeviceBuffer>) -> Result<Arc<DeviceBuffer>> {
+    if buf.padded.is_none() {
+        return Ok(buf.clone());
+    }
+    bump(&METRICS.unpads);
+    reshaped(buf, None)
+}
+
+/// `buf` in a buffer shaped `shape`, as a bucketed program's parameter.
+pub fn repad(buf: &Arc<DeviceBuffer>, shape: &[i64]) -> Result<Arc<DeviceBuffer>> {
+    if buf.shape() == shape {
+        return Ok(buf.clone());
+    }
+    bump(&METRICS.repads);
+    reshaped(buf, Some(shape))
+}
