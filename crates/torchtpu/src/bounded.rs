@@ -46,12 +46,15 @@ struct Scan {
     slots: Vec<Slot>,
 }
 
+/// A constant's value where it is an integer a size could be (f64 bits for
+/// floats, the integer itself for integers; complex and bool excluded).
 fn integral(bits: i64, dtype: DType) -> Option<i64> {
-    if !dtype.is_float() {
-        return Some(bits);
+    let limit = 1i64 << 31;
+    if dtype.is_float() {
+        let x = f64::from_bits(bits as u64);
+        return (x.fract() == 0.0 && x.abs() < limit as f64).then_some(x as i64);
     }
-    let x = f64::from_bits(bits as u64);
-    (x.fract() == 0.0 && x.abs() < (1u64 << 31) as f64).then_some(x as i64)
+    (!dtype.is_complex() && dtype != DType::Bool && bits.abs() < limit).then_some(bits)
 }
 
 fn scan(g: &Graph) -> Scan {
@@ -127,7 +130,8 @@ type Formula = (i64, i64);
 
 /// The program of `g` for its bucket, if `g` differs from its template only
 /// in integers of one size that every op reached can take dynamically.
-pub fn generalize(g: &Graph) -> Option<Bucketed> {
+/// `padded` are the shapes of its parameters' buffers that are padded.
+pub fn generalize(g: &Graph, padded: &[Option<&[i64]>]) -> Option<Bucketed> {
     let scan = scan(g);
     let mut guard = TEMPLATES.lock().unwrap();
     let templates = guard.get_or_insert_with(FxMap::default);
@@ -153,12 +157,20 @@ pub fn generalize(g: &Graph) -> Option<Bucketed> {
         formulas.push((dx / ds, x - dx / ds * s));
     }
     drop(guard);
-    Builder::new(g, &scan.slots, &formulas, s).build()
+    Builder::new(g, &scan.slots, &formulas, s).build(padded)
 }
 
 fn refuse(why: &str) -> Option<Bucketed> {
-    *METRICS.bucket_refusals.lock().unwrap().entry(why.to_string()).or_insert(0) += 1;
+    refused(why);
     None
+}
+
+/// Counts a trace left static, and why.
+pub fn refused(why: &str) {
+    if crate::trace::logging() {
+        eprintln!("torchtpu: a changing size not bucketed: {why}");
+    }
+    *METRICS.bucket_refusals.lock().unwrap().entry(why.to_string()).or_insert(0) += 1;
 }
 
 struct Builder<'a> {
@@ -244,8 +256,9 @@ impl<'a> Builder<'a> {
     /// A slice of node `v`'s operand: static where its bounds stay put, else
     /// of the bound of its size at an end that moves no faster than the
     /// operand's, or at a start computed from `s` (only real elements read).
-    fn slice(&mut self, v: V, start: &[i64], limit: &[i64], stride: &[i64], args: Vec<V>) -> Option<V> {
+    fn slice(&mut self, v: V, start: &[i64], limit: &[i64], stride: &[i64], mut args: Vec<V>) -> Option<V> {
         let operand = self.g.nodes[v].args[0];
+        args[0] = self.static_(args[0]);
         let (mut limit, mut starts, mut moving) = (limit.to_vec(), Vec::new(), false);
         for d in 0..limit.len() {
             let [fs, fl, ft] = [0, 1, 2].map(|f| self.slice[&(v, f, d)]);
@@ -278,7 +291,142 @@ impl<'a> Builder<'a> {
         Some(self.out.push(Op::DynamicSlice(sizes), operands, self.ty(v, 0)))
     }
 
-    fn build(mut self) -> Option<Bucketed> {
+    /// Node `v`, a reshape of `x` (typed static: StableHLO's reshape takes
+    /// one bounded dimension at most; the caller sets the sizes). XLA merges
+    /// dimensions around a changing one, and splits a changing dimension as
+    /// the major one of its group, but not both at once; where that is what
+    /// the reshape does, the reshape is XLA's. Otherwise (a flat storage
+    /// viewed as rows of a changing length) the real elements, flattened by
+    /// XLA, are gathered at indices computed from the real sizes.
+    fn reshape(&mut self, v: V, x: V) -> Option<V> {
+        let operand = self.g.nodes[v].args[0];
+        let (fd, td) = (self.dims[operand].clone(), self.dims[v].clone());
+        let bounds = self.ty(v, 0);
+        if self.native(operand, v) {
+            return Some(self.out.push(Op::Reshape, vec![x], bounds));
+        }
+        let [d] = (0..fd.len()).filter(|&d| fd[d].0 != 0).collect::<Vec<_>>()[..] else { return None };
+        let rest: i64 = (0..fd.len()).filter(|&e| e != d).map(|e| fd[e].1).product();
+        let flat = (fd[d].0 * rest, fd[d].1 * rest);
+        let mut ty = Ty::new(bounds.dtype, &[self.bound(flat)]);
+        let x = self.out.push(Op::Reshape, vec![x], ty.clone());
+        let size = self.size(flat);
+        ty.dynamic = 1;
+        let x = self.out.push(Op::SetDimensionSize(0), vec![x, size], ty.clone());
+        // Gathered from as a static array (XLA's gather from a bounded one
+        // wrote out of bounds): the real elements are at its front.
+        let bound = self.out.push(Op::Const(ty.shape[0]), vec![], Ty::new(DType::I32, &[]));
+        let x = self.out.push(Op::SetDimensionSize(0), vec![x, bound], Ty { dynamic: 0, ..ty });
+        let index_ty = Ty::new(DType::I32, &bounds.shape);
+        let mut index: Option<V> = None;
+        let mut stride: Option<V> = None; // product of the real sizes of the later dimensions
+        for e in (0..td.len()).rev() {
+            let iota = self.out.push(Op::Iota(e as i64), vec![], index_ty.clone());
+            let term = match stride {
+                Some(s) => {
+                    let s = self.out.push(Op::BroadcastInDim(vec![]), vec![s], index_ty.clone());
+                    self.out.push(Op::Elementwise("stablehlo.multiply"), vec![iota, s], index_ty.clone())
+                }
+                None => iota,
+            };
+            index = Some(match index {
+                Some(i) => self.out.push(Op::Elementwise("stablehlo.add"), vec![i, term], index_ty.clone()),
+                None => term,
+            });
+            let size = self.size(td[e]);
+            stride = Some(match stride {
+                Some(s) => {
+                    self.out.push(Op::Elementwise("stablehlo.multiply"), vec![s, size], Ty::new(DType::I32, &[]))
+                }
+                None => size,
+            });
+        }
+        Some(self.out.push(Op::Take { axis: 0 }, vec![x, index?], bounds))
+    }
+
+    /// Whether XLA reshapes `operand` into `v` in PyTorch's order: each
+    /// group of dimensions (equal products, ignoring dimensions of size 1)
+    /// holding a changing one is that dimension alone on both sides, a merge
+    /// into one dimension, or a split whose major dimension takes it.
+    fn native(&self, operand: V, v: V) -> bool {
+        let sized = |u: V| -> Vec<(i64, Formula)> {
+            let dims = &self.dims[u];
+            let shape = &self.g.nodes[u].ty.shape;
+            (0..shape.len()).filter(|&d| shape[d] != 1 || dims[d].0 != 0).map(|d| (shape[d], dims[d])).collect()
+        };
+        let (from, to) = (sized(operand), sized(v));
+        let (mut i, mut j) = (0, 0);
+        while i < from.len() && j < to.len() {
+            let (i0, j0) = (i, j);
+            let (mut pf, mut pt) = (from[i].0, to[j].0);
+            while pf != pt {
+                if pf < pt {
+                    i += 1;
+                    pf *= from.get(i).map_or(0, |f| f.0);
+                } else {
+                    j += 1;
+                    pt *= to.get(j).map_or(0, |t| t.0);
+                }
+                if i >= from.len() || j >= to.len() {
+                    return false;
+                }
+            }
+            let changing = |side: &[(i64, Formula)], a: usize, b: usize| (a..=b).filter(|&k| side[k].1 .0 != 0).count();
+            let (cf, ct) = (changing(&from, i0, i), changing(&to, j0, j));
+            // A merge (one result dimension) compacts its real elements; a
+            // split takes the changing size as its major dimension's.
+            let ok = match (i == i0, j == j0) {
+                _ if cf + ct == 0 => true,
+                (true, true) => from[i0].1 == to[j0].1,
+                (_, true) => cf == 1,
+                (true, false) => ct == 1 && to[j0].1 .0 != 0,
+                (false, false) => false,
+            };
+            if !ok {
+                return false;
+            }
+            i += 1;
+            j += 1;
+        }
+        i == from.len() && j == to.len()
+    }
+
+    /// `x` with its bounded dimensions static again (their padding read as
+    /// it is): what slices and gathers take, which read real elements only.
+    /// XLA would carry a bounded operand's size into their results, past
+    /// a result's bound where it cuts the dimension (a heap overrun).
+    fn static_(&mut self, mut x: V) -> V {
+        let ty = self.out.ty(x).clone();
+        for d in (0..ty.rank()).filter(|d| ty.dynamic >> d & 1 == 1) {
+            let bound = self.out.push(Op::Const(ty.shape[d]), vec![], Ty::new(DType::I32, &[]));
+            let mut t = self.out.ty(x).clone();
+            t.dynamic &= !(1 << d);
+            x = self.out.push(Op::SetDimensionSize(d as i64), vec![x, bound], t);
+        }
+        x
+    }
+
+    /// A concatenation's operands, each with a bounded type if any is: the
+    /// StableHLO verifier aborts the process on a static first operand
+    /// followed by a bounded one. A static operand gets its own size.
+    fn bounded_operands(&mut self, args: Vec<V>, axis: usize) -> Vec<V> {
+        if args.iter().all(|&a| self.out.ty(a).dynamic == 0) {
+            return args;
+        }
+        args.into_iter()
+            .map(|a| {
+                let ty = self.out.ty(a).clone();
+                if ty.dynamic != 0 {
+                    return a;
+                }
+                let size = self.out.push(Op::Const(ty.shape[axis]), vec![], Ty::new(DType::I32, &[]));
+                let bounded = Ty { dynamic: 1 << axis, ..ty };
+                self.out.push(Op::SetDimensionSize(axis as i64), vec![a, size], bounded)
+            })
+            .collect()
+    }
+
+    fn build(mut self, padded: &[Option<&[i64]>]) -> Option<Bucketed> {
         let g = self.g;
         let mut map: Vec<V> = Vec::with_capacity(g.nodes.len());
         for (v, node) in g.nodes.iter().enumerate() {
@@ -287,10 +435,26 @@ impl<'a> Builder<'a> {
             let any = want != 0 || node.args.iter().any(|&a| dynamic(&self.dims[a]) != 0);
             let x = match &node.op {
                 &Op::Param(n) => {
-                    let ty = self.ty(v, 0);
+                    // A padded buffer at least as large as the bounds is taken
+                    // as it is and cut. Others are copied into the bounds of a
+                    // size one larger: what a value that grows by one each
+                    // step (a KV cache) leaves its bucketed program, so that
+                    // its first and later steps share one program.
+                    let bounds = self.ty(v, 0);
+                    let shape = padded[n].unwrap_or_default();
+                    let larger = shape.len() == bounds.rank() && shape.iter().zip(&bounds.shape).all(|(a, b)| a >= b);
+                    let grown: Vec<i64> = self.dims[v].iter().map(|&(a, b)| a * (self.bucket + 1) + b).collect();
+                    let ty = Ty::new(bounds.dtype, if larger { shape } else { &grown });
+                    let cut = ty.shape != bounds.shape;
                     self.out.params[n] = ty.clone();
                     self.out.nodes[n].ty = ty;
-                    self.set_sizes(n, v, want)
+                    let mut x = n;
+                    if cut {
+                        let (start, stride) = (vec![0; bounds.rank()], vec![1; bounds.rank()]);
+                        let op = Op::Slice { start, limit: bounds.shape.clone(), stride };
+                        x = self.out.push(op, vec![n], bounds);
+                    }
+                    self.set_sizes(x, v, want)
                 }
                 &Op::Const(bits) => {
                     let c = match self.value.get(&v).copied().filter(|f| f.0 > 0) {
@@ -323,15 +487,10 @@ impl<'a> Builder<'a> {
                     Some(x) => self.set_sizes(x, v, want),
                     None => return refuse("a slice at an offset that changes"),
                 },
-                // XLA splits or merges a changing dimension as the major one
-                // of its group; only there do its elements stay in
-                // PyTorch's order, so it must stay outermost.
-                Op::Reshape if dynamic(&self.dims[node.args[0]]) | want <= 1 => {
-                    self.out.push(Op::Reshape, args, self.ty(v, want))
-                }
-                &Op::Concatenate(axis) if self.dims[v][axis as usize].0 == 0 => {
-                    self.out.push(node.op.clone(), args, self.ty(v, want))
-                }
+                Op::Reshape => match self.reshape(v, args[0]) {
+                    Some(x) => self.set_sizes(x, v, want),
+                    None => return refuse("a reshape of several changing sizes"),
+                },
                 Op::Elementwise(_)
                 | Op::Compare(_)
                 | Op::Select
@@ -340,6 +499,10 @@ impl<'a> Builder<'a> {
                 | Op::Reduce { .. }
                 | Op::DotGeneral { .. } => self.out.push(node.op.clone(), args, self.ty(v, want)),
                 Op::BitcastConvert if node.ty.rank() == g.ty(node.args[0]).rank() => {
+                    self.out.push(node.op.clone(), args, self.ty(v, want))
+                }
+                &Op::Concatenate(axis) => {
+                    let args = self.bounded_operands(args, axis as usize);
                     self.out.push(node.op.clone(), args, self.ty(v, want))
                 }
                 // Padding goes right after the real elements (checked).
@@ -351,7 +514,12 @@ impl<'a> Builder<'a> {
                 }
                 // Indices within the real size are the lowerings' to check
                 // (against a count computed from `s`), as without padding.
-                Op::ArgReduce { .. } | Op::Take { .. } => self.out.push(node.op.clone(), args, self.ty(v, want)),
+                Op::ArgReduce { .. } => self.out.push(node.op.clone(), args, self.ty(v, want)),
+                Op::Take { .. } => {
+                    let args = vec![self.static_(args[0]), args[1]];
+                    let x = self.out.push(node.op.clone(), args, self.ty(v, 0));
+                    self.set_sizes(x, v, want)
+                }
                 // XLA drops the padding's updates (checked); the target
                 // itself must not change along the axis.
                 &Op::Put { axis, .. } if self.dims[node.args[0]][axis as usize].0 == 0 => {
@@ -395,8 +563,6 @@ fn op_name(op: &Op) -> &'static str {
         Op::Reverse(_) => "a reverse along a changing size",
         Op::ArgReduce { .. } => "an argmax along a changing size",
         Op::Convolution(_) => "a convolution over a changing size",
-        Op::Reshape => "a reshape that moves a changing size inward",
-        Op::Concatenate(_) => "a concatenation along a changing size",
         _ => "an op without bounded dimensions",
     }
 }

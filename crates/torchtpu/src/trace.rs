@@ -178,7 +178,7 @@ fn size_limit() -> usize {
     *LIMIT.get_or_init(|| std::env::var("TORCHTPU_FUSE_LIMIT").ok().and_then(|v| v.parse().ok()).unwrap_or(40_000))
 }
 
-fn logging() -> bool {
+pub fn logging() -> bool {
     static LOG: OnceLock<bool> = OnceLock::new();
     *LOG.get_or_init(|| std::env::var("TORCHTPU_LOG").is_ok_and(|v| !v.is_empty() && v != "0"))
 }
@@ -441,7 +441,12 @@ fn structure_key(g: &Graph) -> (u64, u64) {
 /// The compiled program of `g`: its own, or (where `g` has padded inputs or
 /// misses, and its sizes change from an earlier trace of its structure) the
 /// program of its bucket.
-fn program(trace: &Trace, g: &Graph, padded_inputs: bool) -> Result<(Arc<Program>, Option<bounded::Bucketed>)> {
+fn program(
+    trace: &Trace,
+    g: &Graph,
+    params: &[usize],
+    padded_inputs: bool,
+) -> Result<(Arc<Program>, Option<bounded::Bucketed>)> {
     let mut guard = PROGRAMS.lock().unwrap();
     let programs = guard.get_or_insert_with(Programs::default);
     let lookup = |programs: &Programs, key| programs.by_key.get(&key).and_then(Weak::upgrade);
@@ -453,7 +458,8 @@ fn program(trace: &Trace, g: &Graph, padded_inputs: bool) -> Result<(Arc<Program
             return Ok((p, None));
         }
     }
-    if let Some(b) = bounded::enabled().then(|| bounded::generalize(g)).flatten() {
+    let padded: Vec<Option<&[i64]>> = params.iter().map(|&n| trace.buffer(n).padded.as_deref()).collect();
+    if let Some(b) = bounded::enabled().then(|| bounded::generalize(g, &padded)).flatten() {
         let bkey = structure_key(&b.graph);
         if let Some(p) = lookup(programs, bkey) {
             bump(&METRICS.fused_hits);
@@ -462,11 +468,14 @@ fn program(trace: &Trace, g: &Graph, padded_inputs: bool) -> Result<(Arc<Program
         }
         // A bucket XLA cannot compile (an op its padding does not take)
         // falls back to the trace's own program.
-        if let Ok(p) = cache::compile(&b.graph, "bucketed fused program") {
-            bump(&METRICS.fused_misses);
-            bump(&METRICS.bucketed_programs);
-            programs.by_key.insert(bkey, Arc::downgrade(&p));
-            return Ok((p, Some(b)));
+        match cache::compile(&b.graph, "bucketed fused program") {
+            Ok(p) => {
+                bump(&METRICS.fused_misses);
+                bump(&METRICS.bucketed_programs);
+                programs.by_key.insert(bkey, Arc::downgrade(&p));
+                return Ok((p, Some(b)));
+            }
+            Err(e) => bounded::refused(&format!("XLA: {}", e.message.lines().next().unwrap_or_default())),
         }
     }
     if let Some(p) = lookup(programs, key).filter(|_| padded_inputs) {
@@ -541,7 +550,7 @@ fn run(trace: Trace, live: &[Arc<Pending>]) -> Result<()> {
         return Ok(());
     }
     let padded_inputs = lowered.params.iter().any(|&n| trace.buffer(n).padded.is_some());
-    let (program, bucketed) = program(&trace, &lowered.graph, padded_inputs)?;
+    let (program, bucketed) = program(&trace, &lowered.graph, &lowered.params, padded_inputs)?;
     let rt = runtime::get()?;
     // Inputs in the shapes the program takes: its bucket's, or exact.
     let mut inputs: Vec<Arc<DeviceBuffer>> = Vec::with_capacity(lowered.params.len() + 1);

@@ -1,0 +1,110 @@
+"""Changing sizes with bounded dynamic dimensions (TORCHTPU_DYNAMIC=1), side
+by side in one run:
+
+- generation: greedy tokens/s of a tiny Llama (transformers, built from a
+  config), tpu fused vs PyTorch CPU eager, after a warm-up call of the same
+  lengths;
+- training: steps/s of a loop whose sequence length changes every step
+  (8 to 128) vs one whose length stays at 64, both on tpu fused, after one
+  warm-up pass over the same lengths; compilations of the changing loop with
+  and without bucketing.
+
+    python bench/dynamic.py
+
+Each tpu figure comes from a fresh process (the setting is read at start).
+"""
+import json
+import os
+import subprocess
+import sys
+import time
+
+LENGTHS = [8, 100, 33, 64, 17, 128, 90, 45, 12, 71, 120, 28, 56, 99, 9, 64]
+
+
+def _generation(device, tokens):
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    if device == "tpu":
+        import torchtpu  # noqa: F401
+    config = LlamaConfig(vocab_size=256, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config).eval().to(device)
+    prompt = torch.randint(0, 256, (1, 12)).to(device)
+    with torch.no_grad():
+        model.generate(prompt, max_new_tokens=tokens, do_sample=False)  # warm-up
+        start = time.perf_counter()
+        out = model.generate(prompt, max_new_tokens=tokens, do_sample=False).cpu()
+        seconds = time.perf_counter() - start
+    return dict(tokens_per_s=tokens / seconds, ids=out.tolist())
+
+
+def _training(lengths):
+    import torch
+
+    import torchtpu
+
+    class Encoder(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = torch.nn.Embedding(512, 64)
+            self.layers = torch.nn.TransformerEncoder(
+                torch.nn.TransformerEncoderLayer(64, 4, 128, dropout=0.0, batch_first=True), 2,
+                enable_nested_tensor=False)
+            self.head = torch.nn.Linear(64, 512)
+
+        def forward(self, ids):
+            return self.head(self.layers(self.embed(ids)))
+
+    torch.manual_seed(0)
+    model = Encoder().to("tpu")
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    batches = [torch.randint(0, 512, (8, n + 1)) for n in lengths]
+
+    def epoch():
+        for ids in batches:
+            ids = ids.to("tpu")
+            logits = model(ids[:, :-1])
+            loss = torch.nn.functional.cross_entropy(logits.reshape(-1, 512), ids[:, 1:].reshape(-1))
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            loss.item()
+
+    epoch()  # warm-up: compiles
+    compilations = torchtpu.metrics()["compilations"]
+    start = time.perf_counter()
+    epoch()
+    return dict(steps_per_s=len(batches) / (time.perf_counter() - start), compilations=compilations)
+
+
+def _child(what, *args, dynamic="1"):
+    env = dict(os.environ, TORCHTPU_DYNAMIC=dynamic, TORCHTPU_CACHE_DIR="")
+    code = f"import sys, json; sys.path.insert(0, {os.path.dirname(__file__)!r}); import dynamic; " \
+           f"print(json.dumps(dynamic.{what}(*{list(args)!r})))"
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def main():
+    print("generation (tiny Llama, greedy, after a warm-up call), tokens/s:")
+    for tokens in (32, 128):
+        cpu = _generation("cpu", tokens)
+        tpu = _child("_generation", "tpu", tokens)
+        same = "same tokens" if cpu["ids"] == tpu["ids"] else "TOKENS DIFFER"
+        print(f"  {tokens:4d} new tokens: tpu fused {tpu['tokens_per_s']:7.1f}  cpu eager {cpu['tokens_per_s']:7.1f}"
+              f"  tpu/cpu {tpu['tokens_per_s'] / cpu['tokens_per_s']:.2f}x  ({same})")
+    changing = _child("_training", LENGTHS)
+    fixed = _child("_training", [64] * len(LENGTHS))
+    unbucketed = _child("_training", LENGTHS, dynamic="0")
+    print("training (2-layer encoder, batch 8), steps/s after a warm-up pass:")
+    print(f"  length changing 8-128: {changing['steps_per_s']:.2f} ({changing['compilations']} compilations;"
+          f" {unbucketed['compilations']} without buckets)")
+    print(f"  length fixed at 64:    {fixed['steps_per_s']:.2f} ({fixed['compilations']} compilations)")
+    print(f"  changing/fixed: {changing['steps_per_s'] / fixed['steps_per_s']:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
