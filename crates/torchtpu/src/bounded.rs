@@ -221,21 +221,32 @@ impl<'a> Builder<'a> {
         Ty { dtype: ty.dtype, shape, dynamic }
     }
 
+    /// An i32 scalar constant.
+    fn int(&mut self, x: i64) -> V {
+        self.out.push(Op::Const(x), vec![], Ty::new(DType::I32, &[]))
+    }
+
     /// `a*s + b` as an i32 scalar.
     fn size(&mut self, f: Formula) -> V {
         if let Some(&v) = self.sizes.get(&f) {
             return v;
         }
         let i32 = Ty::new(DType::I32, &[]);
-        let mut v = self.s;
-        if f.0 != 1 {
-            let a = self.out.push(Op::Const(f.0), vec![], i32.clone());
-            v = self.out.push(Op::Elementwise("stablehlo.multiply"), vec![v, a], i32.clone());
-        }
-        if f.1 != 0 {
-            let b = self.out.push(Op::Const(f.1), vec![], i32.clone());
-            v = self.out.push(Op::Elementwise("stablehlo.add"), vec![v, b], i32);
-        }
+        let v = match f {
+            (0, b) => self.int(b),
+            (a, b) => {
+                let mut v = self.s;
+                if a != 1 {
+                    let a = self.int(a);
+                    v = self.out.push(Op::Elementwise("stablehlo.multiply"), vec![v, a], i32.clone());
+                }
+                if b != 0 {
+                    let b = self.int(b);
+                    v = self.out.push(Op::Elementwise("stablehlo.add"), vec![v, b], i32);
+                }
+                v
+            }
+        };
         self.sizes.insert(f, v);
         v
     }
@@ -283,9 +294,7 @@ impl<'a> Builder<'a> {
         }
         let mut operands = args;
         for f in starts {
-            let i =
-                if f.0 == 0 { self.out.push(Op::Const(f.1), vec![], Ty::new(DType::I32, &[])) } else { self.size(f) };
-            operands.push(i);
+            operands.push(self.size(f));
         }
         let sizes = self.dims[v].iter().map(|&f| self.bound(f)).collect();
         Some(self.out.push(Op::DynamicSlice(sizes), operands, self.ty(v, 0)))
@@ -315,7 +324,7 @@ impl<'a> Builder<'a> {
         let x = self.out.push(Op::SetDimensionSize(0), vec![x, size], ty.clone());
         // Gathered from as a static array (XLA's gather from a bounded one
         // wrote out of bounds): the real elements are at its front.
-        let bound = self.out.push(Op::Const(ty.shape[0]), vec![], Ty::new(DType::I32, &[]));
+        let bound = self.int(ty.shape[0]);
         let x = self.out.push(Op::SetDimensionSize(0), vec![x, bound], Ty { dynamic: 0, ..ty });
         let index_ty = Ty::new(DType::I32, &bounds.shape);
         let mut index: Option<V> = None;
@@ -391,14 +400,15 @@ impl<'a> Builder<'a> {
         i == from.len() && j == to.len()
     }
 
-    /// `x` with its bounded dimensions static again (their padding read as
-    /// it is): what slices and gathers take, which read real elements only.
-    /// XLA would carry a bounded operand's size into their results, past
-    /// a result's bound where it cuts the dimension (a heap overrun).
+    /// `x` with its bounded dimensions static again (a constant size equal to
+    /// the bound; the padding read as it is): a program's outputs, and what
+    /// slices and gathers take, which read real elements only. XLA would carry
+    /// a bounded operand's size into their results, past a result's bound
+    /// where they cut the dimension (a heap overrun).
     fn static_(&mut self, mut x: V) -> V {
         let ty = self.out.ty(x).clone();
         for d in (0..ty.rank()).filter(|d| ty.dynamic >> d & 1 == 1) {
-            let bound = self.out.push(Op::Const(ty.shape[d]), vec![], Ty::new(DType::I32, &[]));
+            let bound = self.int(ty.shape[d]);
             let mut t = self.out.ty(x).clone();
             t.dynamic &= !(1 << d);
             x = self.out.push(Op::SetDimensionSize(d as i64), vec![x, bound], t);
@@ -419,7 +429,7 @@ impl<'a> Builder<'a> {
                 if ty.dynamic != 0 {
                     return a;
                 }
-                let size = self.out.push(Op::Const(ty.shape[axis]), vec![], Ty::new(DType::I32, &[]));
+                let size = self.int(ty.shape[axis]);
                 let bounded = Ty { dynamic: 1 << axis, ..ty };
                 self.out.push(Op::SetDimensionSize(axis as i64), vec![a, size], bounded)
             })
@@ -512,9 +522,9 @@ impl<'a> Builder<'a> {
                 {
                     self.out.push(node.op.clone(), args, self.ty(v, want))
                 }
+                Op::ArgReduce { .. } => self.out.push(node.op.clone(), args, self.ty(v, want)),
                 // Indices within the real size are the lowerings' to check
                 // (against a count computed from `s`), as without padding.
-                Op::ArgReduce { .. } => self.out.push(node.op.clone(), args, self.ty(v, want)),
                 Op::Take { .. } => {
                     let args = vec![self.static_(args[0]), args[1]];
                     let x = self.out.push(node.op.clone(), args, self.ty(v, 0));
@@ -530,20 +540,11 @@ impl<'a> Builder<'a> {
             };
             map.push(x);
         }
+        // Outputs leave static, padded.
         let mut padded = Vec::with_capacity(g.outputs.len());
         for &o in &g.outputs {
-            let mut x = map[o];
-            let mask = dynamic(&self.dims[o]);
-            for d in 0..self.dims[o].len() {
-                if mask >> d & 1 == 1 {
-                    // A constant size equal to the bound: the value leaves static.
-                    let bound = self.out.push(Op::Const(self.bound(self.dims[o][d])), vec![], Ty::new(DType::I32, &[]));
-                    let mut ty = self.out.ty(x).clone();
-                    ty.dynamic &= !(1 << d);
-                    x = self.out.push(Op::SetDimensionSize(d as i64), vec![x, bound], ty);
-                }
-            }
-            padded.push((mask != 0).then(|| self.out.ty(x).shape.clone()));
+            let x = self.static_(map[o]);
+            padded.push((dynamic(&self.dims[o]) != 0).then(|| self.out.ty(x).shape.clone()));
             self.out.outputs.push(x);
         }
         let types_match = |out: &Graph, k: usize, o: usize| out.params[k] == *out.ty(out.outputs[o]);
@@ -556,12 +557,10 @@ impl<'a> Builder<'a> {
 
 fn op_name(op: &Op) -> &'static str {
     match op {
-        Op::Take { .. } => "a gather along a changing size",
         Op::Put { .. } => "a scatter along a changing size",
         Op::Sort { .. } => "a sort along a changing size",
         Op::Pad { .. } => "a pad of a changing size",
         Op::Reverse(_) => "a reverse along a changing size",
-        Op::ArgReduce { .. } => "an argmax along a changing size",
         Op::Convolution(_) => "a convolution over a changing size",
         _ => "an op without bounded dimensions",
     }
