@@ -55,6 +55,7 @@ bench: build $(VENV)/.models-installed $(VENV)/.kernels-installed
 	$(PY) bench/kernels.py
 	$(PY) bench/distributed.py
 	$(PY) bench/warm_cache.py
+	$(PY) bench/dynamic.py
 
 clean:
 	rm -rf target $(VENV)
