@@ -425,6 +425,8 @@ fn lower_trace(trace: &Trace, live: &[Arc<Pending>]) -> Lowered {
 struct Programs {
     /// Owned by the cache, which may evict them.
     by_key: FxMap<(u64, u64), Weak<Program>>,
+    /// Bucketed programs XLA failed to compile.
+    failed_buckets: std::collections::HashSet<(u64, u64)>,
     history: Vec<Vec<(Arc<Plan>, Option<String>)>>,
 }
 
@@ -438,49 +440,50 @@ fn structure_key(g: &Graph) -> (u64, u64) {
     (a.finish(), b.finish())
 }
 
-/// The compiled program of `g`: its own, or (where `g` has padded inputs or
-/// misses, and its sizes change from an earlier trace of its structure) the
-/// program of its bucket.
-fn program(
-    trace: &Trace,
-    g: &Graph,
-    params: &[usize],
-    padded_inputs: bool,
-) -> Result<(Arc<Program>, Option<bounded::Bucketed>)> {
+/// The compiled program of `g` (whose parameters are trace parameters
+/// `params`): its own, or (where `g` has padded inputs or misses, and its
+/// sizes change from an earlier trace of its structure) the program of its
+/// bucket.
+fn program(trace: &Trace, g: &Graph, params: &[usize]) -> Result<(Arc<Program>, Option<bounded::Bucketed>)> {
     let mut guard = PROGRAMS.lock().unwrap();
     let programs = guard.get_or_insert_with(Programs::default);
-    let lookup = |programs: &Programs, key| programs.by_key.get(&key).and_then(Weak::upgrade);
+    let hit = |programs: &Programs, key| {
+        let p = programs.by_key.get(&key).and_then(Weak::upgrade)?;
+        bump(&METRICS.fused_hits);
+        p.touch();
+        Some(p)
+    };
     let key = structure_key(g);
+    let padded: Vec<Option<&[i64]>> = params.iter().map(|&n| trace.buffer(n).padded.as_deref()).collect();
+    let padded_inputs = padded.iter().any(Option::is_some);
     if !padded_inputs {
-        if let Some(p) = lookup(programs, key) {
-            bump(&METRICS.fused_hits);
-            p.touch();
+        if let Some(p) = hit(programs, key) {
             return Ok((p, None));
         }
     }
-    let padded: Vec<Option<&[i64]>> = params.iter().map(|&n| trace.buffer(n).padded.as_deref()).collect();
     if let Some(b) = bounded::enabled().then(|| bounded::generalize(g, &padded)).flatten() {
         let bkey = structure_key(&b.graph);
-        if let Some(p) = lookup(programs, bkey) {
-            bump(&METRICS.fused_hits);
-            p.touch();
+        if let Some(p) = hit(programs, bkey) {
             return Ok((p, Some(b)));
         }
         // A bucket XLA cannot compile (an op its padding does not take)
-        // falls back to the trace's own program.
-        match cache::compile(&b.graph, "bucketed fused program") {
-            Ok(p) => {
-                bump(&METRICS.fused_misses);
-                bump(&METRICS.bucketed_programs);
-                programs.by_key.insert(bkey, Arc::downgrade(&p));
-                return Ok((p, Some(b)));
+        // falls back to the trace's own program, and is not tried again.
+        if !programs.failed_buckets.contains(&bkey) {
+            match cache::compile(&b.graph, "bucketed fused program") {
+                Ok(p) => {
+                    bump(&METRICS.fused_misses);
+                    bump(&METRICS.bucketed_programs);
+                    programs.by_key.insert(bkey, Arc::downgrade(&p));
+                    return Ok((p, Some(b)));
+                }
+                Err(e) => {
+                    programs.failed_buckets.insert(bkey);
+                    bounded::refused(&format!("XLA: {}", e.message.lines().next().unwrap_or_default()));
+                }
             }
-            Err(e) => bounded::refused(&format!("XLA: {}", e.message.lines().next().unwrap_or_default())),
         }
     }
-    if let Some(p) = lookup(programs, key).filter(|_| padded_inputs) {
-        bump(&METRICS.fused_hits);
-        p.touch();
+    if let Some(p) = padded_inputs.then(|| hit(programs, key)).flatten() {
         return Ok((p, None));
     }
     bump(&METRICS.fused_misses);
@@ -549,8 +552,7 @@ fn run(trace: Trace, live: &[Arc<Pending>]) -> Result<()> {
     if lowered.graph.outputs.is_empty() {
         return Ok(());
     }
-    let padded_inputs = lowered.params.iter().any(|&n| trace.buffer(n).padded.is_some());
-    let (program, bucketed) = program(&trace, &lowered.graph, &lowered.params, padded_inputs)?;
+    let (program, bucketed) = program(&trace, &lowered.graph, &lowered.params)?;
     let rt = runtime::get()?;
     // Inputs in the shapes the program takes: its bucket's, or exact.
     let mut inputs: Vec<Arc<DeviceBuffer>> = Vec::with_capacity(lowered.params.len() + 1);
