@@ -2,21 +2,25 @@
 //! changing size rather than once per size.
 //!
 //! Lowerings only ever see real, static shapes. When a flushed trace misses
-//! the program cache, its graph is compared with the first trace of the same
-//! structure up to integers (sizes, slice bounds, integral constants): its
-//! *template*. If every integer that differs is `a*s + b` (a > 0) of one size
-//! `s`, the program is built for `s`'s bucket `B` (`TORCHTPU_BUCKETS`, else
-//! the next power of two): each such dimension becomes a bounded dynamic
-//! dimension of bound `a*B + b` whose real size is computed from `s`, a
-//! runtime input (`stablehlo.set_dimension_size`), and XLA masks reductions,
-//! products and the rest over the padding; a constant such as a mean's count
-//! is computed from `s` too. Programs take and return static buffers of their
-//! bounds (bounded parameters do not compile, bounded results cannot feed
-//! another program), so outputs stay padded ([`DeviceBuffer::padded`]) and
-//! feed the next bucketed program as they are; other readers get the real
-//! box, copied through the host (`unpad`, counted), as are inputs that arrive
-//! in another shape (`repad`). Ops a dynamic dimension may reach are the ones
-//! XLA's padding is known to handle; any other keeps the trace static.
+//! the program cache, its graph's integers (sizes, slice bounds, integral
+//! constants) are fitted, across graphs of the same structure up
+//! to integers (its *family*), as formulas of one changing size `s` (`a*s +
+//! b`, from two samples) or of two, `s` and `t` (`c0 + c1*s + c2*t +
+//! c3*s*t`: a batch and a length, their product a flattened dimension or a
+//! mean's count, from four). A trace whose integers hold its family's fit
+//! is built for its sizes' buckets (`TORCHTPU_BUCKETS`, else the next power
+//! of two): each changing dimension becomes a bounded dynamic dimension of
+//! the formula's value at the buckets, whose real size is computed from the
+//! sizes, runtime inputs (`stablehlo.set_dimension_size`), and XLA masks
+//! reductions, products and the rest over the padding; a constant such as
+//! a mean's count is computed from the sizes too. Programs take and return
+//! static buffers of their bounds (bounded parameters do not compile,
+//! bounded results cannot feed another program), so outputs stay padded
+//! ([`DeviceBuffer::padded`]) and feed the next bucketed program as they
+//! are; other readers get the real box, copied through the host (`unpad`,
+//! counted), as are inputs that arrive in another shape (`repad`). Ops a
+//! dynamic dimension may reach are the ones XLA's padding is known to
+//! handle; any other keeps the trace static.
 use std::hash::{Hash, Hasher};
 use std::sync::{Arc, Mutex, OnceLock};
 
@@ -100,9 +104,6 @@ pub fn enabled() -> bool {
     *ON.get_or_init(|| std::env::var("TORCHTPU_DYNAMIC").is_ok_and(|v| v == "1"))
 }
 
-/// The first graph seen of each structure, by `Scan::key`.
-static TEMPLATES: Mutex<Option<FxMap<u64, Vec<i64>>>> = Mutex::new(None);
-
 /// The bucket of a size: the first of `TORCHTPU_BUCKETS` (comma-separated,
 /// ascending) that holds it, else the next power of two.
 pub fn bucket(s: i64) -> i64 {
@@ -118,46 +119,190 @@ pub fn bucket(s: i64) -> i64 {
 
 /// A program for a bucket, built from a flushed trace's graph.
 pub struct Bucketed {
-    /// The graph with bounded dimensions; its last parameter is `s`.
+    /// The graph with bounded dimensions; its last parameters are the sizes.
     pub graph: Graph,
-    pub s: i64,
+    pub sizes: Vec<i64>,
     /// Each output's buffer shape where it is padded.
     pub padded: Vec<Option<Vec<i64>>>,
 }
 
-/// `a*s + b` for each integer of the graph (a = 0: it does not change).
-type Formula = (i64, i64);
+/// `c[0] + c[1]*s + c[2]*t + c[3]*s*t` of the changing sizes `s` and `t`
+/// (t = 0 where one size changes).
+#[derive(Clone, Copy, Default, PartialEq, Eq, Hash)]
+struct Formula([i64; 4]);
 
-/// The program of `g` for its bucket, if `g` differs from its template only
-/// in integers of one size that every op reached can take dynamically.
-/// `padded` are the shapes of its parameters' buffers that are padded.
+impl Formula {
+    fn at(&self, sizes: &[i64]) -> i64 {
+        let (s, t) = (sizes[0], sizes.get(1).copied().unwrap_or(0));
+        let c = self.0;
+        c[0] + c[1] * s + c[2] * t + c[3] * s * t
+    }
+
+    fn changes(&self) -> bool {
+        self.0[1..].iter().any(|&c| c != 0)
+    }
+
+    /// Whether it grows faster than `other` in some size.
+    fn outgrows(&self, other: &Formula) -> bool {
+        (1..4).any(|i| self.0[i] > other.0[i])
+    }
+}
+
+/// Which integers of a structure are its changing sizes, and each
+/// integer's formula of them.
+struct Fit {
+    sizes: Vec<usize>,
+    formulas: Vec<Formula>,
+}
+
+impl Fit {
+    fn sizes(&self, ints: &[i64]) -> Vec<i64> {
+        self.sizes.iter().map(|&k| ints[k]).collect()
+    }
+
+    fn holds(&self, ints: &[i64]) -> bool {
+        let sizes = self.sizes(ints);
+        self.formulas.iter().zip(ints).all(|(f, &x)| f.at(&sizes) == x)
+    }
+}
+
+/// The distinct integers of the latest graphs of one structure that missed
+/// its fit (up to `SAMPLES`), and the fit, exact on each.
+#[derive(Default)]
+struct Family {
+    samples: Vec<Vec<i64>>,
+    fit: Option<Arc<Fit>>,
+}
+
+const SAMPLES: usize = 8;
+
+/// The formulas of every integer of `samples`, in one changing size (affine,
+/// from two samples) or, failing that, in two (bilinear, from four). A size
+/// is the integer that changes least (the others are multiples of it), the
+/// first in the graph among equals (a parameter's dimension, whose buckets
+/// are the user's sizes').
+fn fit(samples: &[Vec<i64>]) -> std::result::Result<Fit, &'static str> {
+    let slots = samples[0].len();
+    let change = |k: usize| {
+        let values = samples.iter().map(|x| x[k]);
+        values.clone().max().unwrap_or(0) - values.min().unwrap_or(0)
+    };
+    let changing: Vec<usize> = (0..slots).filter(|&k| change(k) != 0).collect();
+    let smallest = |among: &mut dyn Iterator<Item = usize>| among.min_by_key(|&k| (change(k), k));
+    let s = smallest(&mut changing.iter().copied()).ok_or("no size changes")?;
+    let one = solve(samples, &[s]);
+    let stray: Vec<usize> = (0..slots).filter(|&k| one[k].is_none()).collect();
+    if stray.is_empty() {
+        return finish(vec![s], one);
+    }
+    let t = smallest(&mut stray.into_iter()).expect("a stray integer changes");
+    let two = solve(samples, &[s, t]);
+    if two.iter().all(Option::is_some) {
+        return finish(vec![s, t], two);
+    }
+    Err(if samples.len() < 4 {
+        "two sizes change: fewer than 4 samples yet"
+    } else {
+        "sizes not bilinear in two changing sizes"
+    })
+}
+
+fn finish(sizes: Vec<usize>, formulas: Vec<Option<Formula>>) -> std::result::Result<Fit, &'static str> {
+    let formulas: Vec<Formula> = formulas.into_iter().map(Option::unwrap).collect();
+    if formulas.iter().any(|f| f.0[1..].iter().any(|&c| c < 0)) {
+        return Err("a size that shrinks as another grows");
+    }
+    Ok(Fit { sizes, formulas })
+}
+
+/// Each integer's formula in the sizes at slots `sizes`, where one holds
+/// for every sample with integer coefficients: solved exactly (Cramer's
+/// rule) on the first samples whose terms are independent.
+fn solve(samples: &[Vec<i64>], sizes: &[usize]) -> Vec<Option<Formula>> {
+    let n = 2 * sizes.len();
+    let terms = |x: &[i64]| -> Vec<i128> {
+        let (s, t) = (x[sizes[0]] as i128, sizes.get(1).map_or(0, |&k| x[k] as i128));
+        [1, s, t, s * t][..n].to_vec()
+    };
+    let system = (0u32..1 << samples.len()).filter(|m| m.count_ones() as usize == n).find_map(|m| {
+        let rows: Vec<usize> = (0..samples.len()).filter(|r| m >> r & 1 == 1).collect();
+        let a: Vec<Vec<i128>> = rows.iter().map(|&r| terms(&samples[r])).collect();
+        det(&a).filter(|&d| d != 0).map(|d| (rows, a, d))
+    });
+    (0..samples[0].len())
+        .map(|k| {
+            if samples.iter().all(|x| x[k] == samples[0][k]) {
+                return Some(Formula([samples[0][k], 0, 0, 0]));
+            }
+            let (rows, a, d) = system.as_ref()?;
+            let mut c = [0i64; 4];
+            for (i, ci) in c.iter_mut().enumerate().take(n) {
+                let mut m = a.clone();
+                m.iter_mut().zip(rows).for_each(|(row, &r)| row[i] = samples[r][k] as i128);
+                let num = det(&m)?;
+                if num % d != 0 {
+                    return None;
+                }
+                *ci = i64::try_from(num / d).ok()?;
+            }
+            let f = Formula(c);
+            samples.iter().all(|x| f.at(&sizes.iter().map(|&j| x[j]).collect::<Vec<_>>()) == x[k]).then_some(f)
+        })
+        .collect()
+}
+
+/// The determinant of a small square matrix (None on overflow).
+fn det(m: &[Vec<i128>]) -> Option<i128> {
+    if m.len() == 1 {
+        return Some(m[0][0]);
+    }
+    let mut sum: i128 = 0;
+    for (j, &a) in m[0].iter().enumerate().filter(|(_, &a)| a != 0) {
+        let minor: Vec<Vec<i128>> = m[1..].iter().map(|r| [&r[..j], &r[j + 1..]].concat()).collect();
+        let term = a.checked_mul(det(&minor)?)?;
+        sum = if j % 2 == 0 { sum.checked_add(term)? } else { sum.checked_sub(term)? };
+    }
+    Some(sum)
+}
+
+/// Each structure's family, by `Scan::key`.
+static FAMILIES: Mutex<Option<FxMap<u64, Family>>> = Mutex::new(None);
+
+/// The program of `g` for its bucket, if `g`'s integers are formulas of one
+/// or two changing sizes (fitted on graphs of its structure) and
+/// every op a changing dimension reaches takes it dynamically. `padded` are
+/// the shapes of its parameters' buffers that are padded.
 pub fn generalize(g: &Graph, padded: &[Option<&[i64]>]) -> Option<Bucketed> {
     let scan = scan(g);
-    let mut guard = TEMPLATES.lock().unwrap();
-    let templates = guard.get_or_insert_with(FxMap::default);
-    let Some(first) = templates.get(&scan.key) else {
-        if templates.len() >= 1024 {
-            templates.clear();
-        }
-        templates.insert(scan.key, scan.ints);
-        return None;
-    };
-    // The size: the integer that changed least (others are multiples of it).
-    let k0 = (0..first.len()).filter(|&k| scan.ints[k] != first[k]).min_by_key(|&k| (scan.ints[k] - first[k]).abs())?;
-    let (s, s0) = (scan.ints[k0], first[k0]);
-    if s <= 0 {
-        return None;
+    let mut guard = FAMILIES.lock().unwrap();
+    let families = guard.get_or_insert_with(FxMap::default);
+    if families.len() >= 1024 && !families.contains_key(&scan.key) {
+        families.clear();
     }
-    let mut formulas: Vec<Formula> = Vec::with_capacity(scan.ints.len());
-    for (&x, &x0) in scan.ints.iter().zip(first) {
-        let (dx, ds) = (x - x0, s - s0);
-        if dx % ds != 0 || dx / ds < 0 {
-            return refuse("a size that is not a multiple of one changing size");
+    let family = families.entry(scan.key).or_default();
+    if !family.fit.as_ref().is_some_and(|f| f.holds(&scan.ints)) {
+        if !family.samples.contains(&scan.ints) {
+            if family.samples.len() == SAMPLES {
+                family.samples.remove(0);
+            }
+            family.samples.push(scan.ints.clone());
         }
-        formulas.push((dx / ds, x - dx / ds * s));
+        if family.samples.len() < 2 {
+            return None;
+        }
+        // A fit that fails leaves the last one for the traces it holds.
+        match fit(&family.samples) {
+            Ok(f) => family.fit = Some(Arc::new(f)),
+            Err(why) => return refuse(why),
+        }
     }
+    let fit = family.fit.clone()?;
     drop(guard);
-    Builder::new(g, &scan.slots, &formulas, s).build(padded)
+    let sizes = fit.sizes(&scan.ints);
+    if sizes.iter().any(|&s| s <= 0) {
+        return None;
+    }
+    Builder::new(g, &scan.slots, &fit.formulas, &sizes).build(padded)
 }
 
 fn refuse(why: &str) -> Option<Bucketed> {
@@ -173,6 +318,16 @@ pub fn refused(why: &str) {
     *METRICS.bucket_refusals.lock().unwrap().entry(why.to_string()).or_insert(0) += 1;
 }
 
+/// How a reshape of changing dimensions is built (`Builder::route`).
+enum Route {
+    /// The padded layout reshaped as a static array.
+    Padded,
+    /// XLA's reshape of a bounded array.
+    Xla,
+    /// Each element gathered at its real position.
+    Gather,
+}
+
 struct Builder<'a> {
     g: &'a Graph,
     out: Graph,
@@ -180,19 +335,20 @@ struct Builder<'a> {
     dims: Vec<Vec<Formula>>,
     value: FxMap<V, Formula>,
     slice: FxMap<(V, usize, usize), Formula>,
-    bucket: i64,
-    s: V,
-    s_value: i64,
-    sizes: FxMap<Formula, V>,
+    /// The changing sizes: their parameters, values and buckets.
+    sizes: Vec<V>,
+    values: Vec<i64>,
+    buckets: Vec<i64>,
+    computed: FxMap<Formula, V>,
 }
 
 fn dynamic(forms: &[Formula]) -> u64 {
-    forms.iter().enumerate().filter(|(_, f)| f.0 > 0).fold(0, |m, (d, _)| m | 1 << d)
+    forms.iter().enumerate().filter(|(_, f)| f.changes()).fold(0, |m, (d, _)| m | 1 << d)
 }
 
 impl<'a> Builder<'a> {
-    fn new(g: &'a Graph, slots: &[Slot], formulas: &[Formula], s: i64) -> Builder<'a> {
-        let mut dims: Vec<Vec<Formula>> = g.nodes.iter().map(|n| vec![(0, 0); n.ty.rank()]).collect();
+    fn new(g: &'a Graph, slots: &[Slot], formulas: &[Formula], values: &[i64]) -> Builder<'a> {
+        let mut dims: Vec<Vec<Formula>> = g.nodes.iter().map(|n| vec![Formula::default(); n.ty.rank()]).collect();
         let (mut value, mut slice) = (FxMap::default(), FxMap::default());
         for (slot, &f) in slots.iter().zip(formulas) {
             match *slot {
@@ -205,13 +361,13 @@ impl<'a> Builder<'a> {
         for ty in &g.params {
             out.param(Ty::new(ty.dtype, &ty.shape)); // shapes fixed in `build`
         }
-        let s_param = out.param(Ty::new(DType::I32, &[]));
-        let bucket = bucket(s);
-        Builder { g, out, dims, value, slice, bucket, s: s_param, s_value: s, sizes: FxMap::default() }
+        let sizes = values.iter().map(|_| out.param(Ty::new(DType::I32, &[]))).collect();
+        let buckets = values.iter().map(|&s| bucket(s)).collect();
+        Builder { g, out, dims, value, slice, sizes, values: values.to_vec(), buckets, computed: FxMap::default() }
     }
 
-    fn bound(&self, (a, b): Formula) -> i64 {
-        a * self.bucket + b
+    fn bound(&self, f: Formula) -> i64 {
+        f.at(&self.buckets)
     }
 
     /// Node `v`'s type with its bounds; `dynamic` marks which dimensions are.
@@ -226,28 +382,34 @@ impl<'a> Builder<'a> {
         self.out.push(Op::Const(x), vec![], Ty::new(DType::I32, &[]))
     }
 
-    /// `a*s + b` as an i32 scalar.
+    /// A formula's value as an i32 scalar computed from the sizes.
     fn size(&mut self, f: Formula) -> V {
-        if let Some(&v) = self.sizes.get(&f) {
+        if let Some(&v) = self.computed.get(&f) {
             return v;
         }
-        let i32 = Ty::new(DType::I32, &[]);
-        let v = match f {
-            (0, b) => self.int(b),
-            (a, b) => {
-                let mut v = self.s;
-                if a != 1 {
-                    let a = self.int(a);
-                    v = self.out.push(Op::Elementwise("stablehlo.multiply"), vec![v, a], i32.clone());
-                }
-                if b != 0 {
-                    let b = self.int(b);
-                    v = self.out.push(Op::Elementwise("stablehlo.add"), vec![v, b], i32);
-                }
-                v
+        let product = (f.0[3] != 0).then(|| self.out.binary("stablehlo.multiply", self.sizes[0], self.sizes[1]));
+        let symbols = [self.sizes.first().copied(), self.sizes.get(1).copied(), product];
+        let mut sum = None;
+        for (&c, x) in f.0[1..].iter().zip(symbols).filter(|(&c, _)| c != 0) {
+            let mut term = x.expect("a size for each term");
+            if c != 1 {
+                let c = self.int(c);
+                term = self.out.binary("stablehlo.multiply", term, c);
             }
+            sum = Some(match sum {
+                Some(acc) => self.out.binary("stablehlo.add", acc, term),
+                None => term,
+            });
+        }
+        let v = match sum {
+            None => self.int(f.0[0]),
+            Some(acc) if f.0[0] != 0 => {
+                let c = self.int(f.0[0]);
+                self.out.binary("stablehlo.add", acc, c)
+            }
+            Some(acc) => acc,
         };
-        self.sizes.insert(f, v);
+        self.computed.insert(f, v);
         v
     }
 
@@ -274,15 +436,15 @@ impl<'a> Builder<'a> {
         for d in 0..limit.len() {
             let [fs, fl, ft] = [0, 1, 2].map(|f| self.slice[&(v, f, d)]);
             let (od, size) = (self.dims[operand][d], self.dims[v][d]);
-            if ft.0 != 0 || (stride[d] != 1 && (fs.0 != 0 || fl.0 != 0)) {
+            if ft.changes() || (stride[d] != 1 && (fs.changes() || fl.changes())) {
                 return None;
             }
-            if fs.0 != 0 {
+            if fs.changes() {
                 moving = true;
                 if self.bound(fs) + self.bound(size) > self.bound(od) {
                     return None; // XLA would clamp the start
                 }
-            } else if fl.0 != 0 && (fl.0 > od.0 || self.bound(fl) > self.bound(od)) {
+            } else if fl.changes() && (fl.outgrows(&od) || self.bound(fl) > self.bound(od)) {
                 return None;
             }
             limit[d] = self.bound(fl);
@@ -300,71 +462,76 @@ impl<'a> Builder<'a> {
         Some(self.out.push(Op::DynamicSlice(sizes), operands, self.ty(v, 0)))
     }
 
-    /// Node `v`, a reshape of `x` (typed static: StableHLO's reshape takes
-    /// one bounded dimension at most; the caller sets the sizes). XLA merges
-    /// dimensions around a changing one, and splits a changing dimension as
-    /// the major one of its group, but not both at once; where that is what
-    /// the reshape does, the reshape is XLA's. Otherwise (a flat storage
-    /// viewed as rows of a changing length) the real elements, flattened by
-    /// XLA, are gathered at indices computed from the real sizes.
-    fn reshape(&mut self, v: V, x: V) -> Option<V> {
+    /// Node `v`, a reshape of `x`, typed static (StableHLO's reshape takes
+    /// one bounded dimension at most; the caller sets the sizes), by its
+    /// route. Gathered (a flat storage viewed as rows of a changing length,
+    /// two changing sizes merged), each element is read from the operand's
+    /// padded layout at the index of the same position in row-major order
+    /// of the real sizes.
+    fn reshape(&mut self, v: V, x: V) -> V {
         let operand = self.g.nodes[v].args[0];
-        let (fd, td) = (self.dims[operand].clone(), self.dims[v].clone());
         let bounds = self.ty(v, 0);
-        if self.native(operand, v) {
-            return Some(self.out.push(Op::Reshape, vec![x], bounds));
+        match self.route(operand, v) {
+            Route::Padded => {
+                let x = self.static_(x);
+                return self.out.push(Op::Reshape, vec![x], bounds);
+            }
+            Route::Xla => return self.out.push(Op::Reshape, vec![x], bounds),
+            Route::Gather => {}
         }
-        let [d] = (0..fd.len()).filter(|&d| fd[d].0 != 0).collect::<Vec<_>>()[..] else { return None };
-        let rest: i64 = (0..fd.len()).filter(|&e| e != d).map(|e| fd[e].1).product();
-        let flat = (fd[d].0 * rest, fd[d].1 * rest);
-        let mut ty = Ty::new(bounds.dtype, &[self.bound(flat)]);
-        let x = self.out.push(Op::Reshape, vec![x], ty.clone());
-        let size = self.size(flat);
-        ty.dynamic = 1;
-        let x = self.out.push(Op::SetDimensionSize(0), vec![x, size], ty.clone());
-        // Gathered from as a static array (XLA's gather from a bounded one
-        // wrote out of bounds): the real elements are at its front.
-        let bound = self.int(ty.shape[0]);
-        let x = self.out.push(Op::SetDimensionSize(0), vec![x, bound], Ty { dynamic: 0, ..ty });
-        let index_ty = Ty::new(DType::I32, &bounds.shape);
-        let mut index: Option<V> = None;
-        let mut stride: Option<V> = None; // product of the real sizes of the later dimensions
-        for e in (0..td.len()).rev() {
-            let iota = self.out.push(Op::Iota(e as i64), vec![], index_ty.clone());
-            let term = match stride {
-                Some(s) => {
-                    let s = self.out.push(Op::BroadcastInDim(vec![]), vec![s], index_ty.clone());
-                    self.out.push(Op::Elementwise("stablehlo.multiply"), vec![iota, s], index_ty.clone())
-                }
-                None => iota,
-            };
-            index = Some(match index {
-                Some(i) => self.out.push(Op::Elementwise("stablehlo.add"), vec![i, term], index_ty.clone()),
-                None => term,
-            });
-            let size = self.size(td[e]);
-            stride = Some(match stride {
-                Some(s) => {
-                    self.out.push(Op::Elementwise("stablehlo.multiply"), vec![s, size], Ty::new(DType::I32, &[]))
-                }
-                None => size,
-            });
+        let (from, to) = (self.dims[operand].clone(), self.dims[v].clone());
+        let layout = self.ty(operand, 0).shape;
+        let x = self.static_(x);
+        let flat = self.out.reshape(x, &[layout.iter().product()]);
+        let positions = Ty::new(DType::I32, &bounds.shape);
+        let mut at = self.out.full(0.0, DType::I32, &bounds.shape);
+        let mut stride = self.int(1);
+        for e in (0..to.len()).rev() {
+            let iota = self.out.push(Op::Iota(e as i64), vec![], positions.clone());
+            let term = self.by_scalar("stablehlo.multiply", iota, stride);
+            at = self.out.binary("stablehlo.add", at, term);
+            let size = self.size(to[e]);
+            stride = self.out.binary("stablehlo.multiply", stride, size);
         }
-        Some(self.out.push(Op::Take { axis: 0 }, vec![x, index?], bounds))
+        let mut index = self.out.full(0.0, DType::I32, &bounds.shape);
+        let (mut stride, mut step) = (self.int(1), 1);
+        for d in (0..from.len()).rev() {
+            let size = self.size(from[d]);
+            let mut i = self.by_scalar("stablehlo.divide", at, stride);
+            if d > 0 {
+                i = self.by_scalar("stablehlo.remainder", i, size);
+            }
+            let step_v = self.int(step);
+            let term = self.by_scalar("stablehlo.multiply", i, step_v);
+            index = self.out.binary("stablehlo.add", index, term);
+            stride = self.out.binary("stablehlo.multiply", stride, size);
+            step *= layout[d];
+        }
+        self.out.take(flat, index, 0)
     }
 
-    /// Whether XLA reshapes `operand` into `v` in PyTorch's order: each
-    /// group of dimensions (equal products, ignoring dimensions of size 1)
-    /// holding a changing one is that dimension alone on both sides, a merge
-    /// into one dimension, or a split whose major dimension takes it.
-    fn native(&self, operand: V, v: V) -> bool {
+    /// `a name b` for an i32 index array `a` and an i32 scalar `b`.
+    fn by_scalar(&mut self, name: &'static str, a: V, b: V) -> V {
+        let shape = self.out.ty(a).shape.clone();
+        let b = self.out.broadcast_in_dim(b, &shape, &[]);
+        self.out.binary(name, a, b)
+    }
+
+    /// How `operand` reshapes into `v` in PyTorch's order, by its groups of
+    /// dimensions (equal products, ignoring dimensions of size 1). Where
+    /// every changing dimension is a group alone on both sides, the padded
+    /// layout is the result's. XLA merges dimensions around one changing
+    /// dimension, and splits it as the major one of its group, but not both
+    /// at once, and not with another changing dimension in the operand (its
+    /// dynamic dimension inference aborts).
+    fn route(&self, operand: V, v: V) -> Route {
         let sized = |u: V| -> Vec<(i64, Formula)> {
             let dims = &self.dims[u];
             let shape = &self.g.nodes[u].ty.shape;
-            (0..shape.len()).filter(|&d| shape[d] != 1 || dims[d].0 != 0).map(|d| (shape[d], dims[d])).collect()
+            (0..shape.len()).filter(|&d| shape[d] != 1 || dims[d].changes()).map(|d| (shape[d], dims[d])).collect()
         };
         let (from, to) = (sized(operand), sized(v));
-        let (mut i, mut j) = (0, 0);
+        let (mut i, mut j, mut regrouped) = (0, 0, false);
         while i < from.len() && j < to.len() {
             let (i0, j0) = (i, j);
             let (mut pf, mut pt) = (from[i].0, to[j].0);
@@ -377,10 +544,11 @@ impl<'a> Builder<'a> {
                     pt *= to.get(j).map_or(0, |t| t.0);
                 }
                 if i >= from.len() || j >= to.len() {
-                    return false;
+                    return Route::Gather;
                 }
             }
-            let changing = |side: &[(i64, Formula)], a: usize, b: usize| (a..=b).filter(|&k| side[k].1 .0 != 0).count();
+            let changing =
+                |side: &[(i64, Formula)], a: usize, b: usize| (a..=b).filter(|&k| side[k].1.changes()).count();
             let (cf, ct) = (changing(&from, i0, i), changing(&to, j0, j));
             // A merge (one result dimension) compacts its real elements; a
             // split takes the changing size as its major dimension's.
@@ -388,16 +556,22 @@ impl<'a> Builder<'a> {
                 _ if cf + ct == 0 => true,
                 (true, true) => from[i0].1 == to[j0].1,
                 (_, true) => cf == 1,
-                (true, false) => ct == 1 && to[j0].1 .0 != 0,
+                (true, false) => ct == 1 && to[j0].1.changes(),
                 (false, false) => false,
             };
             if !ok {
-                return false;
+                return Route::Gather;
             }
+            regrouped |= cf + ct > 0 && (i != i0 || j != j0);
             i += 1;
             j += 1;
         }
-        i == from.len() && j == to.len()
+        match (i == from.len() && j == to.len(), regrouped) {
+            (false, _) => Route::Gather,
+            (true, false) => Route::Padded,
+            (true, true) if from.iter().filter(|f| f.1.changes()).count() == 1 => Route::Xla,
+            (true, true) => Route::Gather,
+        }
     }
 
     /// `x` with its bounded dimensions static again (a constant size equal to
@@ -453,7 +627,8 @@ impl<'a> Builder<'a> {
                     let bounds = self.ty(v, 0);
                     let shape = padded[n].unwrap_or_default();
                     let larger = shape.len() == bounds.rank() && shape.iter().zip(&bounds.shape).all(|(a, b)| a >= b);
-                    let grown: Vec<i64> = self.dims[v].iter().map(|&(a, b)| a * (self.bucket + 1) + b).collect();
+                    let next: Vec<i64> = self.buckets.iter().map(|b| b + 1).collect();
+                    let grown: Vec<i64> = self.dims[v].iter().map(|f| f.at(&next)).collect();
                     let ty = Ty::new(bounds.dtype, if larger { shape } else { &grown });
                     let cut = ty.shape != bounds.shape;
                     self.out.params[n] = ty.clone();
@@ -467,7 +642,7 @@ impl<'a> Builder<'a> {
                     self.set_sizes(x, v, want)
                 }
                 &Op::Const(bits) => {
-                    let c = match self.value.get(&v).copied().filter(|f| f.0 > 0) {
+                    let c = match self.value.get(&v).copied().filter(Formula::changes) {
                         // A count (a mean's, a loss's): computed from `s`.
                         Some(f) => {
                             let n = self.size(f);
@@ -483,24 +658,21 @@ impl<'a> Builder<'a> {
                     let x = self.out.push(node.op.clone(), vec![], self.ty(v, 0));
                     self.set_sizes(x, v, want)
                 }
-                Op::BroadcastInDim(map_dims) => {
-                    let from = dynamic(&self.dims[node.args[0]]);
-                    let inherited = map_dims
-                        .iter()
-                        .enumerate()
-                        .filter(|(i, _)| from >> i & 1 == 1)
-                        .fold(0, |m, (_, &d)| m | 1 << d);
-                    let x = self.out.push(node.op.clone(), args, self.ty(v, inherited));
-                    self.set_sizes(x, v, want & !inherited)
+                // Broadcast as static arrays (StableHLO's broadcast takes
+                // one bounded dimension at most), the padding with the rest.
+                Op::BroadcastInDim(_) => {
+                    let x = self.static_(args[0]);
+                    let x = self.out.push(node.op.clone(), vec![x], self.ty(v, 0));
+                    self.set_sizes(x, v, want)
                 }
                 Op::Slice { start, limit, stride } => match self.slice(v, start, limit, stride, args) {
                     Some(x) => self.set_sizes(x, v, want),
                     None => return refuse("a slice at an offset that changes"),
                 },
-                Op::Reshape => match self.reshape(v, args[0]) {
-                    Some(x) => self.set_sizes(x, v, want),
-                    None => return refuse("a reshape of several changing sizes"),
-                },
+                Op::Reshape => {
+                    let x = self.reshape(v, args[0]);
+                    self.set_sizes(x, v, want)
+                }
                 Op::Elementwise(_)
                 | Op::Compare(_)
                 | Op::Select
@@ -518,7 +690,7 @@ impl<'a> Builder<'a> {
                 // Padding goes right after the real elements (checked).
                 Op::Pad { low, high, interior }
                     if (0..low.len())
-                        .all(|d| self.dims[v][d].0 == 0 || (low[d] >= 0 && high[d] >= 0 && interior[d] == 0)) =>
+                        .all(|d| !self.dims[v][d].changes() || (low[d] >= 0 && high[d] >= 0 && interior[d] == 0)) =>
                 {
                     self.out.push(node.op.clone(), args, self.ty(v, want))
                 }
@@ -532,7 +704,7 @@ impl<'a> Builder<'a> {
                 }
                 // XLA drops the padding's updates (checked); the target
                 // itself must not change along the axis.
-                &Op::Put { axis, .. } if self.dims[node.args[0]][axis as usize].0 == 0 => {
+                &Op::Put { axis, .. } if !self.dims[node.args[0]][axis as usize].changes() => {
                     self.out.push(node.op.clone(), args, self.ty(v, want))
                 }
                 op if !any => self.out.push(op.clone(), args, node.ty.clone()),
@@ -550,8 +722,8 @@ impl<'a> Builder<'a> {
         let types_match = |out: &Graph, k: usize, o: usize| out.params[k] == *out.ty(out.outputs[o]);
         self.out.donors =
             g.donors.iter().enumerate().map(|(k, d)| d.filter(|&o| types_match(&self.out, k, o))).collect();
-        self.out.donors.push(None);
-        Some(Bucketed { graph: self.out, s: self.s_value, padded })
+        self.out.donors.extend(self.sizes.iter().map(|_| None));
+        Some(Bucketed { graph: self.out, sizes: self.values, padded })
     }
 }
 

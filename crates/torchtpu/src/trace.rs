@@ -564,7 +564,9 @@ fn run(trace: Trace, live: &[Arc<Pending>]) -> Result<()> {
         });
     }
     if let Some(b) = &bucketed {
-        inputs.push(exec::upload_scalar(&(b.s as i32).to_le_bytes(), crate::dtype::DType::I32, trace.device)?);
+        for &s in &b.sizes {
+            inputs.push(exec::upload_scalar(&(s as i32).to_le_bytes(), crate::dtype::DType::I32, trace.device)?);
+        }
         bump(&METRICS.bucketed_runs);
     }
     let graph = bucketed.as_ref().map_or(&lowered.graph, |b| &b.graph);
