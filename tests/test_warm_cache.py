@@ -38,9 +38,37 @@ IMPORT_AND_TRAIN = """
 """
 
 
-def _run(args, cache, cwd):
+CHANGING = """
+    import sys, torch, torchtpu
+    F = torch.nn.functional
+    if len(sys.argv) > 2:
+        assert torchtpu.cache.import_(sys.argv[2]) > 0
+
+    def train(device):
+        torch.manual_seed(0)
+        m = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.BatchNorm1d(32), torch.nn.ReLU(),
+                                torch.nn.Linear(32, 5)).to(device)
+        opt = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
+        losses = []
+        for b in map(int, sys.argv[1].split(",")):
+            g = torch.Generator().manual_seed(b)
+            x, y = torch.randn(b, 8, generator=g), torch.randint(0, 5, (b,), generator=g)
+            loss = F.cross_entropy(m(x.to(device)), y.to(device))
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            losses.append(loss.item())
+        return losses
+
+    losses = train("tpu")
+    m = torchtpu.metrics()
+    print(m["compilations"], m["bucketed_runs"], max(abs(a - b) / b for a, b in zip(losses, train("cpu"))))
+"""
+
+
+def _run(args, cache, cwd, **env):
     out = subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=300, cwd=cwd,
-                         env=dict(os.environ, PYTHONPATH=str(EXAMPLES), TORCHTPU_CACHE_DIR=str(cache)))
+                         env=dict(os.environ, PYTHONPATH=str(EXAMPLES), TORCHTPU_CACHE_DIR=str(cache), **env))
     assert out.returncode == 0, out.stderr
     return out.stdout
 
@@ -58,3 +86,18 @@ def test_exported_bundle_warms_a_fresh_process_in_another_directory(tmp_path):
                 tmp_path).split(maxsplit=2)
     assert int(warm[0]) == 0 and int(warm[1]) == compiled, (cold, warm)
     assert warm[2].strip() == cold[0], (cold, warm)
+
+
+def test_bucket_warmup_makes_sizes_it_never_met_compile_nothing(tmp_path):
+    """Changing sizes: the warmup meets batches of one bucket, compiles every
+    bucket up to 128 in threads and exports them with the structure's fit;
+    a fresh process runs batches of every other bucket compiling nothing."""
+    (tmp_path / "changing.py").write_text(textwrap.dedent(CHANGING))
+    bundle = tmp_path / "warm.ttc"
+    cold = _run(["-m", "torchtpu.warmup", "--steps", "100", "--buckets-up-to", "128", "--export", str(bundle),
+                 "changing.py", "5,7,6"], tmp_path / "cache", tmp_path, TORCHTPU_DYNAMIC="1").splitlines()
+    assert "program(s) for buckets up to 128" in cold[-2] and not cold[-2].split(": ")[1].startswith("0 "), cold
+    sizes = "5,40,100,20,70,3,128,2"  # the first step's structure is met once: as in the warmup
+    warm = _run(["changing.py", sizes, str(bundle)], tmp_path / "elsewhere", tmp_path,
+                TORCHTPU_DYNAMIC="1").split()
+    assert int(warm[0]) == 0 and int(warm[1]) == len(sizes.split(",")) - 1 and float(warm[2]) < 1e-5, (cold, warm)

@@ -5,7 +5,9 @@ flags and (on the CPU plugin) CPU features.
     torchtpu.cache.export("warm.ttc")   # where the programs were compiled
     torchtpu.cache.import_("warm.ttc")  # before the first step elsewhere
 
-`python -m torchtpu.warmup` runs a script's first steps and exports them.
+`python -m torchtpu.warmup` runs a script's first steps and exports them;
+with `TORCHTPU_DYNAMIC=1`, `warm_buckets` adds the programs of sizes those
+steps did not meet.
 """
 import os
 
@@ -25,3 +27,13 @@ def import_(path) -> int:
     Returns how many. Raises ValueError, writing nothing, for a bundle built
     for another torchtpu, plugin, XLA flags or CPU, or a damaged one."""
     return _C.cache_import(os.fspath(path))
+
+
+def warm_buckets(up_to, threads=None) -> int:
+    """Compiles, into the cache, the programs of every bucket up to size
+    `up_to` of the sizes that changed so far (`TORCHTPU_DYNAMIC=1`), from
+    the bucket of the smallest size met, on `threads` threads (default: one
+    per CPU). Each changing structure's fit of its sizes is in the cache
+    too, so a later process runs sizes it has not met without compiling.
+    Returns how many programs there are."""
+    return _C.warm_buckets(int(up_to), threads or os.cpu_count() or 1)

@@ -24,6 +24,7 @@
 use std::hash::{Hash, Hasher};
 use std::sync::{Arc, Mutex, OnceLock};
 
+use crate::cache;
 use crate::dtype::DType;
 use crate::error::Result;
 use crate::exec::{FxHasher, FxMap};
@@ -93,7 +94,9 @@ fn scan(g: &Graph) -> Scan {
             slots.push(Slot::Dim(v, d));
         }
     }
-    (&g.outputs, &g.donors, g.params.len()).hash(&mut h);
+    // Not the donors: which dead parameter an output reuses can follow from
+    // sizes that happen to be equal (the bucketed program filters them).
+    (&g.outputs, g.params.len()).hash(&mut h);
     Scan { key: h.finish(), ints, slots }
 }
 
@@ -162,16 +165,49 @@ impl Fit {
 
     fn holds(&self, ints: &[i64]) -> bool {
         let sizes = self.sizes(ints);
-        self.formulas.iter().zip(ints).all(|(f, &x)| f.at(&sizes) == x)
+        self.formulas.len() == ints.len() && self.formulas.iter().zip(ints).all(|(f, &x)| f.at(&sizes) == x)
+    }
+
+    /// As saved in the persistent cache: the sizes' count and slots, then
+    /// each formula's four coefficients (little-endian i64s).
+    fn to_bytes(&self) -> Vec<u8> {
+        let sizes = self.sizes.iter().map(|&k| k as i64);
+        let words = std::iter::once(self.sizes.len() as i64).chain(sizes).chain(self.formulas.iter().flat_map(|f| f.0));
+        words.flat_map(i64::to_le_bytes).collect()
+    }
+
+    fn from_bytes(bytes: &[u8]) -> Option<Fit> {
+        let words: Vec<i64> = bytes.chunks_exact(8).map(|w| i64::from_le_bytes(w.try_into().unwrap())).collect();
+        let n = usize::try_from(*words.first()?).ok().filter(|&n| (1..=2).contains(&n))?;
+        let rest = words.get(1 + n..)?;
+        let formulas: Vec<Formula> = rest.chunks_exact(4).map(|c| Formula(c.try_into().unwrap())).collect();
+        let sizes: Vec<usize> = words[1..1 + n].iter().map(|&k| k as usize).collect();
+        (rest.len() % 4 == 0 && sizes.iter().all(|&k| k < formulas.len())).then_some(Fit { sizes, formulas })
     }
 }
 
+/// Where a structure's fit is saved in the persistent cache.
+fn fit_key(structure: u64) -> cache::Key {
+    (structure, 0x6669_7473) // "fits"
+}
+
+/// The graph a fit was made on, as it was built: what `sweep` builds other
+/// buckets' programs from.
+struct Seen {
+    graph: Graph,
+    slots: Vec<Slot>,
+    ints: Vec<i64>,
+    padded: Vec<Option<Vec<i64>>>,
+}
+
 /// The distinct integers of the latest graphs of one structure that missed
-/// its fit (up to `SAMPLES`), and the fit, exact on each.
+/// its fit (up to `SAMPLES`), and the fit, exact on each (or saved by an
+/// earlier process).
 #[derive(Default)]
 struct Family {
     samples: Vec<Vec<i64>>,
     fit: Option<Arc<Fit>>,
+    seen: Option<Arc<Seen>>,
 }
 
 const SAMPLES: usize = 8;
@@ -279,7 +315,10 @@ pub fn generalize(g: &Graph, padded: &[Option<&[i64]>]) -> Option<Bucketed> {
     if families.len() >= 1024 && !families.contains_key(&scan.key) {
         families.clear();
     }
-    let family = families.entry(scan.key).or_default();
+    let family = families.entry(scan.key).or_insert_with(|| Family {
+        fit: cache::saved(fit_key(scan.key)).and_then(|b| Fit::from_bytes(&b)).map(Arc::new),
+        ..Family::default()
+    });
     if !family.fit.as_ref().is_some_and(|f| f.holds(&scan.ints)) {
         if !family.samples.contains(&scan.ints) {
             if family.samples.len() == SAMPLES {
@@ -292,7 +331,13 @@ pub fn generalize(g: &Graph, padded: &[Option<&[i64]>]) -> Option<Bucketed> {
         }
         // A fit that fails leaves the last one for the traces it holds.
         match fit(&family.samples) {
-            Ok(f) => family.fit = Some(Arc::new(f)),
+            Ok(f) => {
+                cache::save(fit_key(scan.key), &f.to_bytes());
+                family.fit = Some(Arc::new(f));
+                let padded = padded.iter().map(|p| p.map(<[i64]>::to_vec)).collect();
+                let seen = Seen { graph: g.clone(), slots: scan.slots.clone(), ints: scan.ints.clone(), padded };
+                family.seen = Some(Arc::new(seen));
+            }
             Err(why) => return refuse(why),
         }
     }
@@ -302,7 +347,73 @@ pub fn generalize(g: &Graph, padded: &[Option<&[i64]>]) -> Option<Bucketed> {
     if sizes.iter().any(|&s| s <= 0) {
         return None;
     }
-    Builder::new(g, &scan.slots, &fit.formulas, &sizes).build(padded)
+    let buckets: Vec<i64> = sizes.iter().map(|&s| bucket(s)).collect();
+    let built = Builder::new(g, &scan.slots, &fit.formulas, &buckets).build(padded)?;
+    Some(Bucketed { sizes, ..built })
+}
+
+/// Most programs `sweep` builds for one structure.
+const SWEEP: usize = 64;
+
+/// The programs of every bucket up to `up_to` of each changing size of the
+/// structures fitted so far, built from the graph each fit was made on,
+/// with parameters padded as they were then.
+fn sweep(up_to: i64) -> Vec<Graph> {
+    let families: Vec<(Arc<Fit>, Arc<Seen>)> = FAMILIES
+        .lock()
+        .unwrap()
+        .iter()
+        .flat_map(|f| f.values())
+        .filter_map(|f| Some((f.fit.clone()?, f.seen.clone()?)))
+        .collect();
+    let mut buckets = vec![bucket(1)];
+    while *buckets.last().unwrap() < up_to {
+        buckets.push(bucket(buckets.last().unwrap() + 1));
+    }
+    let mut graphs = Vec::new();
+    for (fit, seen) in families {
+        let at = |buckets: &[i64]| Builder::new(&seen.graph, &seen.slots, &fit.formulas, buckets);
+        let met: Vec<i64> = fit.sizes(&seen.ints).iter().map(|&s| bucket(s)).collect();
+        // How much larger than its bounds each padded parameter came.
+        let excess: Vec<Option<Vec<i64>>> = (seen.padded.iter().zip(at(&met).param_bounds()))
+            .map(|(p, b)| {
+                let p = p.as_ref().filter(|p| p.len() == b.len() && p.iter().zip(&b).all(|(x, y)| x >= y))?;
+                Some(p.iter().zip(&b).map(|(x, y)| x - y).collect())
+            })
+            .collect();
+        let combos: Vec<Vec<i64>> = match fit.sizes.len() {
+            1 => buckets.iter().map(|&b| vec![b]).collect(),
+            _ => buckets.iter().flat_map(|&b| buckets.iter().map(move |&c| vec![b, c])).collect(),
+        };
+        for buckets in combos.into_iter().take(SWEEP) {
+            let builder = at(&buckets);
+            let padded: Vec<Option<Vec<i64>>> = (excess.iter().zip(builder.param_bounds()))
+                .map(|(e, b)| e.as_ref().map(|e| e.iter().zip(&b).map(|(x, y)| x + y).collect()))
+                .collect();
+            let padded: Vec<Option<&[i64]>> = padded.iter().map(Option::as_deref).collect();
+            graphs.extend(builder.build(&padded).map(|b| b.graph));
+        }
+    }
+    graphs
+}
+
+/// Compiles (into the persistent cache) the programs of every bucket up to
+/// `up_to` of the changing sizes met so far, on `threads` threads; returns
+/// how many programs there are. A bucket XLA cannot compile is left out, as
+/// it would be when met.
+pub fn warm(up_to: i64, threads: usize) -> usize {
+    let graphs = Mutex::new(sweep(up_to));
+    let count = graphs.lock().unwrap().len();
+    std::thread::scope(|scope| {
+        for _ in 0..threads.max(1) {
+            scope.spawn(|| {
+                while let Some(g) = graphs.lock().unwrap().pop() {
+                    let _ = cache::compile(&g, "bucketed fused program");
+                }
+            });
+        }
+    });
+    count
 }
 
 fn refuse(why: &str) -> Option<Bucketed> {
@@ -335,9 +446,8 @@ struct Builder<'a> {
     dims: Vec<Vec<Formula>>,
     value: FxMap<V, Formula>,
     slice: FxMap<(V, usize, usize), Formula>,
-    /// The changing sizes: their parameters, values and buckets.
+    /// The changing sizes' parameters and buckets.
     sizes: Vec<V>,
-    values: Vec<i64>,
     buckets: Vec<i64>,
     computed: FxMap<Formula, V>,
 }
@@ -347,7 +457,7 @@ fn dynamic(forms: &[Formula]) -> u64 {
 }
 
 impl<'a> Builder<'a> {
-    fn new(g: &'a Graph, slots: &[Slot], formulas: &[Formula], values: &[i64]) -> Builder<'a> {
+    fn new(g: &'a Graph, slots: &[Slot], formulas: &[Formula], buckets: &[i64]) -> Builder<'a> {
         let mut dims: Vec<Vec<Formula>> = g.nodes.iter().map(|n| vec![Formula::default(); n.ty.rank()]).collect();
         let (mut value, mut slice) = (FxMap::default(), FxMap::default());
         for (slot, &f) in slots.iter().zip(formulas) {
@@ -361,9 +471,19 @@ impl<'a> Builder<'a> {
         for ty in &g.params {
             out.param(Ty::new(ty.dtype, &ty.shape)); // shapes fixed in `build`
         }
-        let sizes = values.iter().map(|_| out.param(Ty::new(DType::I32, &[]))).collect();
-        let buckets = values.iter().map(|&s| bucket(s)).collect();
-        Builder { g, out, dims, value, slice, sizes, values: values.to_vec(), buckets, computed: FxMap::default() }
+        let sizes = buckets.iter().map(|_| out.param(Ty::new(DType::I32, &[]))).collect();
+        Builder { g, out, dims, value, slice, sizes, buckets: buckets.to_vec(), computed: FxMap::default() }
+    }
+
+    /// Each parameter's bounds.
+    fn param_bounds(&self) -> Vec<Vec<i64>> {
+        let mut bounds = vec![Vec::new(); self.g.params.len()];
+        for (v, node) in self.g.nodes.iter().enumerate() {
+            if let Op::Param(n) = node.op {
+                bounds[n] = self.ty(v, 0).shape;
+            }
+        }
+        bounds
     }
 
     fn bound(&self, f: Formula) -> i64 {
@@ -723,7 +843,7 @@ impl<'a> Builder<'a> {
         self.out.donors =
             g.donors.iter().enumerate().map(|(k, d)| d.filter(|&o| types_match(&self.out, k, o))).collect();
         self.out.donors.extend(self.sizes.iter().map(|_| None));
-        Some(Bucketed { graph: self.out, sizes: self.values, padded })
+        Some(Bucketed { graph: self.out, sizes: Vec::new(), padded })
     }
 }
 

@@ -41,7 +41,7 @@ impl Program {
     }
 }
 
-type Key = (u64, u64);
+pub type Key = (u64, u64);
 
 static PROGRAMS: Mutex<Option<HashMap<Key, Arc<Program>>>> = Mutex::new(None);
 
@@ -192,6 +192,32 @@ pub fn compile_on(graph: &Graph, what: &str, replicas: Option<&[i32]>) -> Result
     programs.insert(key, program.clone());
     evict_to(programs, max_programs());
     Ok(program)
+}
+
+/// Stores `data` in the persistent cache under `key`, beside the programs
+/// (exported and imported with them): what a program's compilation was
+/// derived from, such as a structure's fit of its changing sizes.
+pub fn save(key: Key, data: &[u8]) {
+    let (Some(disk), Ok(rt)) = (disk(), runtime::get()) else { return };
+    if let Err(e) = disk.write(key, &entry(identity(rt).fingerprint, key, data)) {
+        warn(format!("could not write to the compilation cache in {}: {e}", disk.dir.display()));
+    }
+}
+
+/// The data [`save`]d under `key`, in this or an earlier process (a damaged
+/// entry is reported and removed).
+pub fn saved(key: Key) -> Option<Vec<u8>> {
+    let disk = disk()?;
+    let path = disk.path(key);
+    let bytes = std::fs::read(&path).ok()?;
+    match verify(&bytes, key) {
+        Ok(payload) => Some(payload.to_vec()),
+        Err(why) => {
+            warn(format!("compilation cache entry {} is unusable ({why}); removing it", path.display()));
+            let _ = std::fs::remove_file(&path);
+            None
+        }
+    }
 }
 
 /// Evicts the least recently used programs until `keep` stay loaded. Runs

@@ -209,6 +209,13 @@ fn cache_import(path: std::path::PathBuf) -> PyResult<usize> {
     cache::import(&path).map_err(py_err)
 }
 
+/// Compiles every bucket up to `up_to` of the changing sizes met so far,
+/// on `threads` threads (`torchtpu.cache.warm_buckets`).
+#[pyfunction]
+fn warm_buckets(py: Python<'_>, up_to: i64, threads: usize) -> usize {
+    py.detach(|| crate::bounded::warm(up_to, threads))
+}
+
 /// The bucket a changing size of `s` compiles for (`bounded.rs`).
 #[pyfunction]
 fn bucket(s: i64) -> i64 {
@@ -241,6 +248,7 @@ fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(kernel_call, m)?)?;
     m.add_function(wrap_pyfunction!(cache_export, m)?)?;
     m.add_function(wrap_pyfunction!(cache_import, m)?)?;
+    m.add_function(wrap_pyfunction!(warm_buckets, m)?)?;
     m.add_function(wrap_pyfunction!(bucket, m)?)?;
     Ok(())
 }
