@@ -352,7 +352,8 @@ pub fn generalize(g: &Graph, padded: &[Option<&[i64]>]) -> Option<Bucketed> {
     Some(Bucketed { sizes, ..built })
 }
 
-/// Most programs `sweep` builds for one structure.
+/// Most programs `sweep` builds for one structure (two changing sizes up to
+/// 512 would make 100).
 const SWEEP: usize = 64;
 
 /// The programs of every bucket up to `up_to` of each changing size of the
@@ -381,10 +382,11 @@ fn sweep(up_to: i64) -> Vec<Graph> {
                 Some(p.iter().zip(&b).map(|(x, y)| x - y).collect())
             })
             .collect();
-        let combos: Vec<Vec<i64>> = match fit.sizes.len() {
+        let mut combos: Vec<Vec<i64>> = match fit.sizes.len() {
             1 => buckets.iter().map(|&b| vec![b]).collect(),
             _ => buckets.iter().flat_map(|&b| buckets.iter().map(move |&c| vec![b, c])).collect(),
         };
+        combos.sort_by_key(|c| c.iter().product::<i64>()); // the smallest first, where `SWEEP` cuts
         for buckets in combos.into_iter().take(SWEEP) {
             let builder = at(&buckets);
             let padded: Vec<Option<Vec<i64>>> = (excess.iter().zip(builder.param_bounds()))
