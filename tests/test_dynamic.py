@@ -9,7 +9,7 @@ import textwrap
 
 
 def run(script, **env):
-    env = dict(os.environ, TORCHTPU_DYNAMIC="1", TORCHTPU_MODE="fused", **env)
+    env = dict(os.environ, TORCHTPU_MODE="fused", **env)
     done = subprocess.run([sys.executable, "-c", textwrap.dedent(script)], env=env, capture_output=True, text=True,
                           timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]

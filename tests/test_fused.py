@@ -212,7 +212,7 @@ def test_recompilation_is_explained_with_the_source_line(tmp_path):
             y = (x @ w).relu()
             y.sum().item()
         print(torchtpu.metrics()["recompile_reasons"][-1])
-    """, TORCHTPU_LOG="1", TORCHTPU_CACHE_DIR="")
+    """, TORCHTPU_LOG="1", TORCHTPU_CACHE_DIR="", TORCHTPU_DYNAMIC="0")  # a static recompile
     reason = out.stdout.strip()
     assert "op 0 differs" in reason and "aten::mm" in reason, reason
     assert "(f32[6, 8], f32[8, 8]" in reason.split(" here")[0], reason

@@ -66,9 +66,9 @@ CHANGING = """
 """
 
 
-def _run(args, cache, cwd, **env):
+def _run(args, cache, cwd):
     out = subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=300, cwd=cwd,
-                         env=dict(os.environ, PYTHONPATH=str(EXAMPLES), TORCHTPU_CACHE_DIR=str(cache), **env))
+                         env=dict(os.environ, PYTHONPATH=str(EXAMPLES), TORCHTPU_CACHE_DIR=str(cache)))
     assert out.returncode == 0, out.stderr
     return out.stdout
 
@@ -95,9 +95,8 @@ def test_bucket_warmup_makes_sizes_it_never_met_compile_nothing(tmp_path):
     (tmp_path / "changing.py").write_text(textwrap.dedent(CHANGING))
     bundle = tmp_path / "warm.ttc"
     cold = _run(["-m", "torchtpu.warmup", "--steps", "100", "--buckets-up-to", "128", "--export", str(bundle),
-                 "changing.py", "5,7,6"], tmp_path / "cache", tmp_path, TORCHTPU_DYNAMIC="1").splitlines()
+                 "changing.py", "5,7,6"], tmp_path / "cache", tmp_path).splitlines()
     assert "program(s) for buckets up to 128" in cold[-2] and not cold[-2].split(": ")[1].startswith("0 "), cold
     sizes = "5,40,100,20,70,3,128,2"  # the first step's structure is met once: as in the warmup
-    warm = _run(["changing.py", sizes, str(bundle)], tmp_path / "elsewhere", tmp_path,
-                TORCHTPU_DYNAMIC="1").split()
+    warm = _run(["changing.py", sizes, str(bundle)], tmp_path / "elsewhere", tmp_path).split()
     assert int(warm[0]) == 0 and int(warm[1]) == len(sizes.split(",")) - 1 and float(warm[2]) < 1e-5, (cold, warm)

@@ -6,7 +6,7 @@ flags and (on the CPU plugin) CPU features.
     torchtpu.cache.import_("warm.ttc")  # before the first step elsewhere
 
 `python -m torchtpu.warmup` runs a script's first steps and exports them;
-with `TORCHTPU_DYNAMIC=1`, `warm_buckets` adds the programs of sizes those
+`warm_buckets` adds the programs of sizes those
 steps did not meet.
 """
 import os
@@ -31,8 +31,8 @@ def import_(path) -> int:
 
 def warm_buckets(up_to, threads=None) -> int:
     """Compiles, into the cache, the programs of every bucket up to size
-    `up_to` of the sizes that changed so far (`TORCHTPU_DYNAMIC=1`), from
-    the bucket of the smallest size met, on `threads` threads (default: one
+    `up_to` of the sizes that changed so far (in fused mode), from bucket 1,
+    on `threads` threads (default: one
     per CPU). Each changing structure's fit of its sizes is in the cache
     too, so a later process runs sizes it has not met without compiling.
     Returns how many programs there are."""

@@ -5,7 +5,7 @@
 runs `script.py args...` as Python would, until its N-th optimizer step
 (default 3) or its end. Every program those steps need is then in the cache
 (`TORCHTPU_CACHE_DIR`), so the script's next run compiles nothing; with
---buckets-up-to (and `TORCHTPU_DYNAMIC=1`), so are the programs of every
+--buckets-up-to, so are the programs of every
 bucket up to SIZE of the sizes that changed, compiled in parallel threads
 (`torchtpu.cache.warm_buckets`); with --export they are also written as one
 bundle for `torchtpu.cache.import_` elsewhere.

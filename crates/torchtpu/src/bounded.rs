@@ -100,11 +100,12 @@ fn scan(g: &Graph) -> Scan {
     Scan { key: h.finish(), ints, slots }
 }
 
-/// Whether fused programs are bucketed (`TORCHTPU_DYNAMIC=1`; off by
-/// default until the conformance sweep runs with sizes below their bucket).
+/// Whether fused programs are bucketed (on unless `TORCHTPU_DYNAMIC=0`; the
+/// whole test suite and the conformance sweep pass with it, sizes below
+/// their bucket included).
 pub fn enabled() -> bool {
     static ON: OnceLock<bool> = OnceLock::new();
-    *ON.get_or_init(|| std::env::var("TORCHTPU_DYNAMIC").is_ok_and(|v| v == "1"))
+    *ON.get_or_init(|| std::env::var("TORCHTPU_DYNAMIC").map_or(true, |v| v != "0"))
 }
 
 /// The bucket of a size: the first of `TORCHTPU_BUCKETS` (comma-separated,
