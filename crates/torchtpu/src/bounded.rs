@@ -432,16 +432,6 @@ pub fn refused(why: &str) {
     *METRICS.bucket_refusals.lock().unwrap().entry(why.to_string()).or_insert(0) += 1;
 }
 
-/// How a reshape of changing dimensions is built (`Builder::route`).
-enum Route {
-    /// The padded layout reshaped as a static array.
-    Padded,
-    /// XLA's reshape of a bounded array.
-    Xla,
-    /// Each element gathered at its real position.
-    Gather,
-}
-
 struct Builder<'a> {
     g: &'a Graph,
     out: Graph,
@@ -585,26 +575,21 @@ impl<'a> Builder<'a> {
         Some(self.out.push(Op::DynamicSlice(sizes), operands, self.ty(v, 0)))
     }
 
-    /// Node `v`, a reshape of `x`, typed static (StableHLO's reshape takes
-    /// one bounded dimension at most; the caller sets the sizes), by its
-    /// route. Gathered (a flat storage viewed as rows of a changing length,
-    /// two changing sizes merged), each element is read from the operand's
-    /// padded layout at the index of the same position in row-major order
-    /// of the real sizes.
+    /// Node `v`, a reshape of `x`, as a static array (StableHLO's reshape
+    /// takes one bounded dimension at most; the caller sets the sizes): of
+    /// the padded layout where it is the result's, else (a flat storage
+    /// viewed as rows of a changing length, two changing sizes merged) each
+    /// element gathered from the operand's padded layout at the index of the
+    /// same position in row-major order of the real sizes.
     fn reshape(&mut self, v: V, x: V) -> V {
         let operand = self.g.nodes[v].args[0];
         let bounds = self.ty(v, 0);
-        match self.route(operand, v) {
-            Route::Padded => {
-                let x = self.static_(x);
-                return self.out.push(Op::Reshape, vec![x], bounds);
-            }
-            Route::Xla => return self.out.push(Op::Reshape, vec![x], bounds),
-            Route::Gather => {}
+        let x = self.static_(x);
+        if self.keeps_layout(operand, v) {
+            return self.out.push(Op::Reshape, vec![x], bounds);
         }
         let (from, to) = (self.dims[operand].clone(), self.dims[v].clone());
         let layout = self.ty(operand, 0).shape;
-        let x = self.static_(x);
         let flat = self.out.reshape(x, &[layout.iter().product()]);
         let positions = Ty::new(DType::I32, &bounds.shape);
         let mut at = self.out.full(0.0, DType::I32, &bounds.shape);
@@ -640,21 +625,21 @@ impl<'a> Builder<'a> {
         self.out.binary(name, a, b)
     }
 
-    /// How `operand` reshapes into `v` in PyTorch's order, by its groups of
-    /// dimensions (equal products, ignoring dimensions of size 1). Where
-    /// every changing dimension is a group alone on both sides, the padded
-    /// layout is the result's. XLA merges dimensions around one changing
-    /// dimension, and splits it as the major one of its group, but not both
-    /// at once, and not with another changing dimension in the operand (its
-    /// dynamic dimension inference aborts).
-    fn route(&self, operand: V, v: V) -> Route {
+    /// Whether `operand`'s padded layout reshapes as a static array into
+    /// `v`'s: in PyTorch's order, each group of dimensions (equal products,
+    /// ignoring dimensions of size 1) holding a changing dimension holds one
+    /// on each side, the major one of the group there (a merge or split
+    /// around it). (XLA's own reshape of a bounded dimension compacts the
+    /// real elements with a sort, which cost more than the rest of a
+    /// decoding step.)
+    fn keeps_layout(&self, operand: V, v: V) -> bool {
         let sized = |u: V| -> Vec<(i64, Formula)> {
             let dims = &self.dims[u];
             let shape = &self.g.nodes[u].ty.shape;
             (0..shape.len()).filter(|&d| shape[d] != 1 || dims[d].changes()).map(|d| (shape[d], dims[d])).collect()
         };
         let (from, to) = (sized(operand), sized(v));
-        let (mut i, mut j, mut regrouped) = (0, 0, false);
+        let (mut i, mut j) = (0, 0);
         while i < from.len() && j < to.len() {
             let (i0, j0) = (i, j);
             let (mut pf, mut pt) = (from[i].0, to[j].0);
@@ -667,34 +652,20 @@ impl<'a> Builder<'a> {
                     pt *= to.get(j).map_or(0, |t| t.0);
                 }
                 if i >= from.len() || j >= to.len() {
-                    return Route::Gather;
+                    return false;
                 }
             }
             let changing =
                 |side: &[(i64, Formula)], a: usize, b: usize| (a..=b).filter(|&k| side[k].1.changes()).count();
             let (cf, ct) = (changing(&from, i0, i), changing(&to, j0, j));
-            // A merge (one result dimension) compacts its real elements; a
-            // split takes the changing size as its major dimension's.
-            let ok = match (i == i0, j == j0) {
-                _ if cf + ct == 0 => true,
-                (true, true) => from[i0].1 == to[j0].1,
-                (_, true) => cf == 1,
-                (true, false) => ct == 1 && to[j0].1.changes(),
-                (false, false) => false,
-            };
-            if !ok {
-                return Route::Gather;
+            let major = cf == 1 && ct == 1 && from[i0].1.changes() && to[j0].1.changes();
+            if cf + ct > 0 && !major {
+                return false;
             }
-            regrouped |= cf + ct > 0 && (i != i0 || j != j0);
             i += 1;
             j += 1;
         }
-        match (i == from.len() && j == to.len(), regrouped) {
-            (false, _) => Route::Gather,
-            (true, false) => Route::Padded,
-            (true, true) if from.iter().filter(|f| f.1.changes()).count() == 1 => Route::Xla,
-            (true, true) => Route::Gather,
-        }
+        i == from.len() && j == to.len()
     }
 
     /// `x` with its bounded dimensions static again (a constant size equal to
