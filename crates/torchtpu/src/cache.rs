@@ -146,6 +146,16 @@ pub fn compile(graph: &Graph, what: &str) -> Result<Arc<Program>> {
 /// portable executable serves them all) or replicated over `replicas`
 /// (global device ids, in replica order).
 pub fn compile_on(graph: &Graph, what: &str, replicas: Option<&[i32]>) -> Result<Arc<Program>> {
+    find_or_compile(graph, what, replicas, true).map(|p| p.expect("compiled"))
+}
+
+/// The executable of `graph` if it was compiled before (in this process or,
+/// through the disk cache, an earlier one); None rather than compiling.
+pub fn compiled(graph: &Graph) -> Result<Option<Arc<Program>>> {
+    find_or_compile(graph, "", None, false)
+}
+
+fn find_or_compile(graph: &Graph, what: &str, replicas: Option<&[i32]>, compile: bool) -> Result<Option<Arc<Program>>> {
     let mlir = emit::emit(graph);
     let rt = runtime::get()?;
     let portable = replicas.is_none() && rt.device_count() > 1;
@@ -157,13 +167,14 @@ pub fn compile_on(graph: &Graph, what: &str, replicas: Option<&[i32]>) -> Result
     if let Some(p) = PROGRAMS.lock().unwrap().get_or_insert_with(HashMap::new).get(&key) {
         bump(&METRICS.program_hits);
         p.touch();
-        return Ok(p.clone());
+        return Ok(Some(p.clone()));
     }
     bump(&METRICS.program_misses);
     make_room()?;
     let disk = disk();
     let exe = match disk.as_ref().and_then(|d| d.load(key, rt)) {
         Some(exe) => exe,
+        None if !compile => return Ok(None),
         None => {
             let start = Instant::now();
             let exe = match replicas {
@@ -191,7 +202,7 @@ pub fn compile_on(graph: &Graph, what: &str, replicas: Option<&[i32]>) -> Result
     let programs = guard.get_or_insert_with(HashMap::new);
     programs.insert(key, program.clone());
     evict_to(programs, max_programs());
-    Ok(program)
+    Ok(Some(program))
 }
 
 /// Stores `data` in the persistent cache under `key`, beside the programs

@@ -466,6 +466,19 @@ fn program(trace: &Trace, g: &Graph, params: &[usize]) -> Result<(Arc<Program>, 
         if let Some(p) = hit(programs, bkey) {
             return Ok((p, Some(b)));
         }
+        if let Some(p) = cache::compiled(&b.graph)? {
+            bump(&METRICS.fused_misses);
+            programs.by_key.insert(bkey, Arc::downgrade(&p));
+            return Ok((p, Some(b)));
+        }
+        // Rather than compile the bucket, the trace's own program where it
+        // was compiled before: a second run of a script whose first sizes
+        // were compiled as they were (its structure's fit was saved later).
+        if let Some(p) = (!padded_inputs).then(|| cache::compiled(g)).transpose()?.flatten() {
+            bump(&METRICS.fused_misses);
+            programs.by_key.insert(key, Arc::downgrade(&p));
+            return Ok((p, None));
+        }
         // A bucket XLA cannot compile (an op its padding does not take)
         // falls back to the trace's own program, and is not tried again.
         if !programs.failed_buckets.contains(&bkey) {
