@@ -22,7 +22,7 @@ IMPORT_AND_TRAIN = """
     assert torchtpu.cache.import_(bundle) > 0
     losses = train("mlp", "tpu", 3)
     m = torchtpu.metrics()
-    print(m["compilations"], m["disk_cache_hits"], repr(losses))
+    print(m["compilations"], m["disk_cache_hits"], m["program_cache_misses"], repr(losses))
     data = open(bundle, "rb").read()
     for damage, why in ((data.replace(b"cpu_features=", b"cpu_features=0"), "cpu_features"),
                         (data.replace(b"xla_flags=", b"xla_flags=--other "), "xla_flags"),
@@ -83,9 +83,10 @@ def test_exported_bundle_warms_a_fresh_process_in_another_directory(tmp_path):
     compiled = int(cold[-2].split("; ")[1].split()[0])
     assert compiled > 0, cold
     warm = _run([str(tmp_path / "import_and_train.py"), str(bundle)], tmp_path / "elsewhere" / "cache",
-                tmp_path).split(maxsplit=2)
-    assert int(warm[0]) == 0 and int(warm[1]) == compiled, (cold, warm)
-    assert warm[2].strip() == cold[0], (cold, warm)
+                tmp_path).split(maxsplit=3)
+    # Every program loaded from the bundle, and each found in memory: the import preloaded them.
+    assert int(warm[0]) == 0 and int(warm[1]) == compiled and int(warm[2]) == 0, (cold, warm)
+    assert warm[3].strip() == cold[0], (cold, warm)
 
 
 def test_bucket_warmup_makes_sizes_it_never_met_compile_nothing(tmp_path):

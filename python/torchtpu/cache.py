@@ -9,9 +9,13 @@ flags and (on the CPU plugin) CPU features.
 `warm_buckets` adds the programs of sizes those
 steps did not meet.
 """
+import atexit
 import os
 
 from . import _C
+
+# An import's preload must not be inside XLA while the process exits.
+atexit.register(_C.cache_settle)
 
 
 def export(path) -> int:
@@ -24,7 +28,8 @@ def export(path) -> int:
 def import_(path) -> int:
     """Adds the programs of a bundle written by `export` to the compilation
     cache, so that this and later processes load them instead of compiling.
-    Returns how many. Raises ValueError, writing nothing, for a bundle built
+    The bundle's most recently used programs are loaded into memory in a
+    background thread meanwhile, ready for the first step. Returns how many. Raises ValueError, writing nothing, for a bundle built
     for another torchtpu, plugin, XLA flags or CPU, or a damaged one."""
     return _C.cache_import(os.fspath(path))
 

@@ -16,8 +16,8 @@
 use std::collections::HashMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Instant, SystemTime};
 
 use crate::error::{Error, Result};
@@ -164,10 +164,10 @@ fn find_or_compile(graph: &Graph, what: &str, replicas: Option<&[i32]>, compile:
         fnv(fnv(FNV_START, id.as_bytes()), mlir.as_bytes()),
         fnv(fnv(0x84222325cbf29ce4, mlir.as_bytes()), id.as_bytes()),
     );
-    if let Some(p) = PROGRAMS.lock().unwrap().get_or_insert_with(HashMap::new).get(&key) {
+    if let Some(p) = loaded(key) {
         bump(&METRICS.program_hits);
         p.touch();
-        return Ok(Some(p.clone()));
+        return Ok(Some(p));
     }
     bump(&METRICS.program_misses);
     make_room()?;
@@ -196,13 +196,29 @@ fn find_or_compile(graph: &Graph, what: &str, replicas: Option<&[i32]>, compile:
             exe
         }
     };
+    Ok(Some(keep(key, exe)))
+}
+
+/// The program under `key` in memory, waiting for it where an import's
+/// preload is loading it now.
+fn loaded(key: Key) -> Option<Arc<Program>> {
+    let mut loading = LOADING.lock().unwrap();
+    while loading.contains(&key) {
+        loading = PRELOADED.wait(loading).unwrap();
+    }
+    drop(loading);
+    PROGRAMS.lock().unwrap().get_or_insert_with(HashMap::new).get(&key).cloned()
+}
+
+/// Keeps `exe` in memory as the program under `key`, within the bound.
+fn keep(key: Key, exe: pjrt::LoadedExecutable) -> Arc<Program> {
     let program = Arc::new(Program { exe, used: AtomicU64::new(0) });
     program.touch();
     let mut guard = PROGRAMS.lock().unwrap();
     let programs = guard.get_or_insert_with(HashMap::new);
     programs.insert(key, program.clone());
     evict_to(programs, max_programs());
-    Ok(Some(program))
+    program
 }
 
 /// Stores `data` in the persistent cache under `key`, beside the programs
@@ -210,7 +226,7 @@ fn find_or_compile(graph: &Graph, what: &str, replicas: Option<&[i32]>, compile:
 /// derived from, such as a structure's fit of its changing sizes.
 pub fn save(key: Key, data: &[u8]) {
     let (Some(disk), Ok(rt)) = (disk(), runtime::get()) else { return };
-    if let Err(e) = disk.write(key, &entry(identity(rt).fingerprint, key, data)) {
+    if let Err(e) = disk.write(key, &entry(DATA, identity(rt).fingerprint, key, data)) {
         warn(format!("could not write to the compilation cache in {}: {e}", disk.dir.display()));
     }
 }
@@ -221,7 +237,7 @@ pub fn saved(key: Key) -> Option<Vec<u8>> {
     let disk = disk()?;
     let path = disk.path(key);
     let bytes = std::fs::read(&path).ok()?;
-    match verify(&bytes, key) {
+    match verify(&bytes, key, &[DATA]) {
         Ok(payload) => Some(payload.to_vec()),
         Err(why) => {
             warn(format!("compilation cache entry {} is unusable ({why}); removing it", path.display()));
@@ -307,16 +323,19 @@ fn disk() -> Option<&'static Disk> {
     .as_ref()
 }
 
-const MAGIC: &[u8; 8] = b"TTPUEXE2";
+/// An entry's first bytes: a serialized executable, or other data [`save`]d
+/// beside the programs.
+const PROGRAM: &[u8; 8] = b"TTPUEXE2";
+const DATA: &[u8; 8] = b"TTPUDAT2";
 
 /// Entry layout: magic, identity fingerprint, key (2 x u64), payload length,
 /// payload checksum, payload.
 const HEADER: usize = 8 + 8 + 16 + 8 + 8;
 
 /// A disk entry of `payload`.
-fn entry(identity: u64, key: Key, payload: &[u8]) -> Vec<u8> {
+fn entry(magic: &[u8; 8], identity: u64, key: Key, payload: &[u8]) -> Vec<u8> {
     let mut bytes = Vec::with_capacity(HEADER + payload.len());
-    bytes.extend_from_slice(MAGIC);
+    bytes.extend_from_slice(magic);
     for word in [identity, key.0, key.1, payload.len() as u64, fnv(FNV_START, payload)] {
         bytes.extend_from_slice(&word.to_le_bytes());
     }
@@ -344,8 +363,8 @@ impl Disk {
             bump(&METRICS.disk_misses);
             return None;
         };
-        let verified =
-            verify(&bytes, key).and_then(|payload| rt.client.deserialize(payload).map_err(|e| e.to_string()));
+        let verified = verify(&bytes, key, &[PROGRAM])
+            .and_then(|payload| rt.client.deserialize(payload).map_err(|e| e.to_string()));
         match verified {
             Ok(exe) => {
                 bump(&METRICS.disk_hits);
@@ -369,8 +388,10 @@ impl Disk {
     }
 
     fn store(&self, identity: u64, key: Key, exe: &pjrt::LoadedExecutable) {
-        let written =
-            exe.serialize().map_err(|e| e.to_string()).and_then(|p| self.write(key, &entry(identity, key, &p)));
+        let written = exe
+            .serialize()
+            .map_err(|e| e.to_string())
+            .and_then(|p| self.write(key, &entry(PROGRAM, identity, key, &p)));
         match written {
             Ok(()) => self.evict(),
             Err(e) => warn(format!("could not write to the compilation cache in {}: {e}", self.dir.display())),
@@ -436,8 +457,15 @@ pub fn export(path: &Path) -> Result<usize> {
     out.extend_from_slice(id.text.as_bytes());
     out.push(b'\n');
     let mut count = 0;
-    for entry in disk.entries().iter().filter_map(|p| std::fs::read(p).ok()) {
-        if entry.len() >= HEADER && &entry[..8] == MAGIC && word(&entry, 8) == id.fingerprint {
+    // Most recently used first: what an import preloads.
+    let mut paths: Vec<(SystemTime, PathBuf)> =
+        disk.entries().into_iter().filter_map(|p| Some((p.metadata().ok()?.modified().ok()?, p))).collect();
+    paths.sort_by(|a, b| b.0.cmp(&a.0));
+    for entry in paths.iter().filter_map(|(_, p)| std::fs::read(p).ok()) {
+        if entry.len() >= HEADER
+            && [PROGRAM, DATA].iter().any(|&k| &entry[..8] == k)
+            && word(&entry, 8) == id.fingerprint
+        {
             out.extend_from_slice(&(entry.len() as u64).to_le_bytes());
             out.extend_from_slice(&entry);
             count += 1;
@@ -477,7 +505,7 @@ pub fn import(path: &Path) -> Result<usize> {
         let len = body.get(..8).map(|w| word(w, 0) as usize).ok_or_else(|| bad("truncated"))?;
         let entry = body.get(8..8 + len).filter(|e| e.len() >= HEADER).ok_or_else(|| bad("truncated"))?;
         let key = (word(entry, 16), word(entry, 24));
-        verify(entry, key).map_err(|why| bad(&why))?;
+        verify(entry, key, &[PROGRAM, DATA]).map_err(|why| bad(&why))?;
         if word(entry, 8) != id.fingerprint {
             return Err(bad("it holds an entry of another identity"));
         }
@@ -491,12 +519,60 @@ pub fn import(path: &Path) -> Result<usize> {
         })?;
     }
     disk.evict();
+    let programs = entries.iter().filter(|(_, e)| &e[..8] == PROGRAM).map(|(key, _)| *key);
+    preload(programs.take(PRELOAD.min(max_programs())).collect());
     Ok(entries.len())
 }
 
-/// The payload of an entry, if its header and checksum hold.
-fn verify(bytes: &[u8], key: Key) -> std::result::Result<&[u8], String> {
-    if bytes.len() < HEADER || &bytes[..8] != MAGIC {
+// ------------------------------------------------------------------ preloading
+
+/// Programs an import loads into memory in the background, the bundle's most
+/// recently used first: a script builds its model and data meanwhile, and its
+/// first step finds its program loaded (deserializing one takes ~150 ms for a
+/// small transformer's training step).
+const PRELOAD: usize = 16;
+
+/// Keys being preloaded; [`loaded`] waits for them rather than load twice.
+static LOADING: Mutex<Vec<Key>> = Mutex::new(Vec::new());
+static PRELOADED: Condvar = Condvar::new();
+static PRELOADER: Mutex<Option<std::thread::JoinHandle<()>>> = Mutex::new(None);
+static STOP_PRELOADING: AtomicBool = AtomicBool::new(false);
+
+fn preload(keys: Vec<Key>) {
+    let (Some(disk), Ok(rt)) = (disk(), runtime::get()) else { return };
+    settle();
+    STOP_PRELOADING.store(false, Ordering::Relaxed);
+    let keys: Vec<Key> = {
+        let programs = PROGRAMS.lock().unwrap();
+        keys.into_iter().filter(|k| !programs.as_ref().is_some_and(|p| p.contains_key(k))).collect()
+    };
+    *LOADING.lock().unwrap() = keys.clone();
+    let thread = std::thread::spawn(move || {
+        for key in keys {
+            if !STOP_PRELOADING.load(Ordering::Relaxed) {
+                if let Some(exe) = disk.load(key, rt) {
+                    keep(key, exe);
+                }
+            }
+            LOADING.lock().unwrap().retain(|k| *k != key);
+            PRELOADED.notify_all();
+        }
+    });
+    *PRELOADER.lock().unwrap() = Some(thread);
+}
+
+/// Stops an import's preload after the program it is loading (before the
+/// process exits: XLA's statics must not go while a thread is in XLA).
+pub fn settle() {
+    STOP_PRELOADING.store(true, Ordering::Relaxed);
+    if let Some(thread) = PRELOADER.lock().unwrap().take() {
+        let _ = thread.join();
+    }
+}
+
+/// The payload of an entry of one of `kinds`, if its header and checksum hold.
+fn verify<'a>(bytes: &'a [u8], key: Key, kinds: &[&[u8; 8]]) -> std::result::Result<&'a [u8], String> {
+    if bytes.len() < HEADER || !kinds.iter().any(|&k| &bytes[..8] == k) {
         return Err("not a torchtpu cache entry".into());
     }
     if (word(bytes, 16), word(bytes, 24)) != key {
@@ -540,13 +616,15 @@ mod tests {
     fn damaged_entries_never_verify() {
         let key = (1, 2);
         let payload = b"executable bytes";
-        let entry = entry(7, key, payload);
-        assert_eq!(verify(&entry, key), Ok(&payload[..]));
+        let entry = entry(PROGRAM, 7, key, payload);
+        let verify = |bytes: &[u8], key| verify(bytes, key, &[PROGRAM]).map(<[u8]>::to_vec);
+        assert_eq!(verify(&entry, key), Ok(payload.to_vec()));
         assert!(verify(&entry, (1, 3)).unwrap_err().contains("another program"));
         assert!(verify(&entry[..entry.len() - 1], key).unwrap_err().contains("truncated"));
         let mut flipped = entry.clone();
         *flipped.last_mut().unwrap() ^= 1;
         assert!(verify(&flipped, key).unwrap_err().contains("checksum"));
         assert!(verify(b"garbage", key).is_err());
+        assert!(verify(&super::entry(DATA, 7, key, payload), key).is_err());
     }
 }

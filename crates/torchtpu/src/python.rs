@@ -209,6 +209,12 @@ fn cache_import(path: std::path::PathBuf) -> PyResult<usize> {
     cache::import(&path).map_err(py_err)
 }
 
+/// Stops an import's background preload (at exit).
+#[pyfunction]
+fn cache_settle(py: Python<'_>) {
+    py.detach(cache::settle)
+}
+
 /// Compiles every bucket up to `up_to` of the changing sizes met so far,
 /// on `threads` threads (`torchtpu.cache.warm_buckets`).
 #[pyfunction]
@@ -248,6 +254,7 @@ fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(kernel_call, m)?)?;
     m.add_function(wrap_pyfunction!(cache_export, m)?)?;
     m.add_function(wrap_pyfunction!(cache_import, m)?)?;
+    m.add_function(wrap_pyfunction!(cache_settle, m)?)?;
     m.add_function(wrap_pyfunction!(warm_buckets, m)?)?;
     m.add_function(wrap_pyfunction!(bucket, m)?)?;
     Ok(())
