@@ -8,10 +8,10 @@ backend (PyTorch's PyBackend trampoline, as `torch.distributed._nccl4py`).
 MPMD by construction: a rank's own programs never contain a cross-rank op.
 A collective first runs what fused mode has recorded (reading the inputs
 does), then runs on its own, so ranks may run different code, shapes and
-host reads between collectives. Before each collective the members exchange
-a descriptor (sequence number, collective, dtype, sizes, root, reduce op);
-a difference raises the same error on every rank, and a missing collective
-runs into the group's timeout instead of hanging.
+host reads between collectives. Before each collective's transfer the
+members exchange a descriptor (sequence number, collective, dtype, sizes,
+root, reduce op); a difference raises the same error on every rank, and a
+missing collective runs into the group's timeout instead of hanging.
 
 Transport: PyTorch's gloo. On the CPU plugin, where device memory is the
 host's, gloo works in place on a tensor's buffer when nothing else holds it
@@ -42,6 +42,9 @@ NAME = "pjrt"
 _COLLECTIVES = ["broadcast", "allreduce", "reduce", "allgather", "all_gather_single", "gather", "scatter",
                 "reduce_scatter", "reduce_scatter_single", "all_to_all_single", "alltoall", "barrier",
                 "send", "recv"]
+# A check's descriptor: sequence number, collective, dtype, elements, tensors, root,
+# reduce op, dimensions, the first 4 sizes.
+_DESCRIPTOR = 12
 _DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8, torch.uint8,
            torch.int16, torch.int32, torch.int64, torch.bool]
 
@@ -145,6 +148,13 @@ class TpuBackend(C10DBackend):
         self._seq = 0
         self._staging = _Staging()
         self._host = self._staging.copies
+        # The descriptors sent and received by every check, made once (and
+        # held from C++: see _Staging).
+        self._descriptors = torch._C.ScriptList([torch.zeros(size * _DESCRIPTOR, dtype=torch.int64)
+                                                 for _ in range(2)])
+        self._mine, self._theirs = self._descriptors
+        self._mine_rows = self._mine.numpy().reshape(size, _DESCRIPTOR)
+        self._exchange = None
 
     @property
     def options(self):
@@ -156,22 +166,36 @@ class TpuBackend(C10DBackend):
     # -------------------------------------------------------------- checks
 
     def _check(self, collective, tensors=(), root=-1, op=None, sized=True):
-        """Exchanges this call's descriptor with the group's members; raises
-        on every rank if they differ. `sized=False`: members may legitimately
-        pass different sizes (all-to-all's splits)."""
+        """Sends this call's descriptor to the group's members; the returned
+        function, called before the collective's own transfer, raises on
+        every rank if they differ. Meanwhile each member gets its inputs
+        ready (runs what it recorded). `sized=False`: members may
+        legitimately pass different sizes (all-to-all's splits).
+
+        The exchange is gloo's all-to-all, one message between each pair of
+        members (its allgather takes a round per member)."""
+        if self._exchange is not None:  # an earlier check's, left by an error before it was awaited
+            self._exchange.wait()
         self._seq += 1
         self._staging.begin()
         first = tensors[0] if tensors else None
         sizes = list(first.shape)[:4] if first is not None and sized else []
-        mine = [self._seq, _COLLECTIVES.index(collective),
-                _DTYPES.index(first.dtype) if first is not None and first.dtype in _DTYPES else -1,
-                sum(t.numel() for t in tensors) if sized else -1, len(tensors), root,
-                int(op.op) if op is not None else -1, len(sizes)] + sizes + [0] * (4 - len(sizes))
-        gathered = self._staging.pin(torch.zeros(len(mine), dtype=torch.int64) for _ in range(self.size()))
-        self._gloo.allgather([gathered], self._staging.pin([torch.tensor(mine)])).wait()
-        if any(g.tolist() != gathered[0].tolist() for g in gathered):
-            calls = "; ".join(f"rank {r}: {self._describe(g.tolist())}" for r, g in enumerate(gathered))
-            raise RuntimeError(f"torchtpu: collectives do not match across the group: {calls}")
+        self._mine_rows[:] = [self._seq, _COLLECTIVES.index(collective),
+                              _DTYPES.index(first.dtype) if first is not None and first.dtype in _DTYPES else -1,
+                              sum(t.numel() for t in tensors) if sized else -1, len(tensors), root,
+                              int(op.op) if op is not None else -1, len(sizes)] + sizes + [0] * (4 - len(sizes))
+        self._exchange = self._gloo.alltoall_base(self._theirs, self._mine, [], [], AllToAllOptions())
+
+        def agreed():
+            self._exchange.wait()
+            self._exchange = None
+            flat = self._theirs.tolist()
+            calls = [flat[r * _DESCRIPTOR:(r + 1) * _DESCRIPTOR] for r in range(self.size())]
+            if any(c != calls[0] for c in calls):
+                described = "; ".join(f"rank {r}: {self._describe(c)}" for r, c in enumerate(calls))
+                raise RuntimeError(f"torchtpu: collectives do not match across the group: {described}")
+
+        return agreed
 
     @staticmethod
     def _describe(d):
@@ -228,16 +252,18 @@ class TpuBackend(C10DBackend):
     # -------------------------------------------------------------- collectives
 
     def broadcast(self, tensor_list, opts):
-        self._check("broadcast", tensor_list, root=opts.rootRank)
+        agreed = self._check("broadcast", tensor_list, root=opts.rootRank)
         host, copied = self._in_place_or_copies(tensor_list)
+        agreed()
         self._gloo.broadcast(host, self._opts(BroadcastOptions(), rootRank=opts.rootRank)).wait()
         if copied:
             _write(tensor_list, host)
         return _done(tensor_list)
 
     def allreduce(self, tensor_list, opts):
-        self._check("allreduce", tensor_list, op=opts.reduceOp)
+        agreed = self._check("allreduce", tensor_list, op=opts.reduceOp)
         host, copied = self._in_place_or_copies(tensor_list)
+        agreed()
         self._premul(host, opts.reduceOp)
         self._gloo.allreduce(host, self._opts(AllreduceOptions(), reduceOp=self._gloo_op(opts.reduceOp))).wait()
         self._average(host, opts.reduceOp)
@@ -251,8 +277,9 @@ class TpuBackend(C10DBackend):
         return _done(tensor_list)
 
     def reduce(self, tensor_list, opts):
-        self._check("reduce", tensor_list, root=opts.rootRank, op=opts.reduceOp)
+        agreed = self._check("reduce", tensor_list, root=opts.rootRank, op=opts.reduceOp)
         host = self._host(tensor_list)
+        agreed()
         self._premul(host, opts.reduceOp)
         gloo_opts = self._opts(ReduceOptions(), rootRank=opts.rootRank, reduceOp=self._gloo_op(opts.reduceOp))
         self._gloo.reduce(host, gloo_opts).wait()
@@ -262,17 +289,20 @@ class TpuBackend(C10DBackend):
         return _done(tensor_list)
 
     def allgather(self, output_tensors, input_tensors, opts):
-        self._check("allgather", input_tensors)
+        agreed = self._check("allgather", input_tensors)
         outs = [self._host(o) for o in output_tensors]
-        self._gloo.allgather(outs, self._host(input_tensors)).wait()
+        ins = self._host(input_tensors)
+        agreed()
+        self._gloo.allgather(outs, ins).wait()
         for o, h in zip(output_tensors, outs):
             _write(o, h)
         return _done(output_tensors)
 
     def all_gather_single(self, output, input, opts):
-        self._check("all_gather_single", [input])
+        agreed = self._check("all_gather_single", [input])
         out = self._staging.empty(output.shape, output.dtype)
         (inp,) = self._host([input])
+        agreed()
         self._gloo._allgather_base(out, inp).wait()
         _write([output], [out])
         return _done([output])
@@ -283,25 +313,29 @@ class TpuBackend(C10DBackend):
         return _done(outputs)
 
     def gather(self, output_tensors, input_tensors, opts):
-        self._check("gather", input_tensors, root=opts.rootRank)
+        agreed = self._check("gather", input_tensors, root=opts.rootRank)
         outs = [self._host(o) for o in output_tensors]
-        self._gloo.gather(outs, self._host(input_tensors), self._opts(GatherOptions(), rootRank=opts.rootRank)).wait()
+        ins = self._host(input_tensors)
+        agreed()
+        self._gloo.gather(outs, ins, self._opts(GatherOptions(), rootRank=opts.rootRank)).wait()
         for o, h in zip(output_tensors, outs):
             _write(o, h)
         return _done(output_tensors)
 
     def scatter(self, output_tensors, input_tensors, opts):
-        self._check("scatter", output_tensors, root=opts.rootRank)
+        agreed = self._check("scatter", output_tensors, root=opts.rootRank)
         outs = self._host(output_tensors)
         ins = [self._host(i) for i in input_tensors]
+        agreed()
         self._gloo.scatter(outs, ins, self._opts(ScatterOptions(), rootRank=opts.rootRank)).wait()
         _write(output_tensors, outs)
         return _done(output_tensors)
 
     def reduce_scatter(self, output_tensors, input_tensors, opts):
-        self._check("reduce_scatter", output_tensors, op=opts.reduceOp)
+        agreed = self._check("reduce_scatter", output_tensors, op=opts.reduceOp)
         outs = self._host(output_tensors)
         ins = [self._host(i) for i in input_tensors]
+        agreed()
         for i in ins:
             self._premul(i, opts.reduceOp)
         gloo_opts = self._opts(ReduceScatterOptions(), reduceOp=self._gloo_op(opts.reduceOp))
@@ -311,9 +345,10 @@ class TpuBackend(C10DBackend):
         return _done(output_tensors)
 
     def reduce_scatter_single(self, output, input, opts):
-        self._check("reduce_scatter_single", [output], op=opts.reduceOp)
+        agreed = self._check("reduce_scatter_single", [output], op=opts.reduceOp)
         out = self._staging.empty(output.shape, output.dtype)
         inp = self._host([input])
+        agreed()
         self._premul(inp, opts.reduceOp)
         gloo_opts = self._opts(ReduceScatterOptions(), reduceOp=self._gloo_op(opts.reduceOp))
         self._gloo._reduce_scatter_base(out, inp[0], gloo_opts).wait()
@@ -327,23 +362,27 @@ class TpuBackend(C10DBackend):
         return _done(outputs)
 
     def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts):
-        self._check("all_to_all_single", [input], sized=False)
+        agreed = self._check("all_to_all_single", [input], sized=False)
         out = self._staging.empty(output.shape, output.dtype)
         (inp,) = self._host([input])
+        agreed()
         self._gloo.alltoall_base(out, inp, output_split_sizes, input_split_sizes, AllToAllOptions()).wait()
         _write([output], [out])
         return _done([output])
 
     def alltoall(self, output_tensors, input_tensors, opts):
-        self._check("alltoall", input_tensors, sized=False)
+        agreed = self._check("alltoall", input_tensors, sized=False)
         outs = self._host(output_tensors)
-        self._gloo.alltoall(outs, self._host(input_tensors), AllToAllOptions()).wait()
+        ins = self._host(input_tensors)
+        agreed()
+        self._gloo.alltoall(outs, ins, AllToAllOptions()).wait()
         _write(output_tensors, outs)
         return _done(output_tensors)
 
     def barrier(self, opts):
-        self._check("barrier")
+        agreed = self._check("barrier")
         torch.tpu.synchronize()
+        agreed()
         return _done(None)
 
     def send(self, tensor_list, dst, tag=0):
