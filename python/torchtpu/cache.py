@@ -29,8 +29,9 @@ def import_(path) -> int:
     """Adds the programs of a bundle written by `export` to the compilation
     cache, so that this and later processes load them instead of compiling.
     The bundle's most recently used programs are loaded into memory in a
-    background thread meanwhile, ready for the first step. Returns how many. Raises ValueError, writing nothing, for a bundle built
-    for another torchtpu, plugin, XLA flags or CPU, or a damaged one."""
+    background thread meanwhile, ready for the first step. Returns how many.
+    Raises ValueError, writing nothing, for a bundle built for another
+    torchtpu, plugin, XLA flags or CPU, or a damaged one."""
     return _C.cache_import(os.fspath(path))
 
 

@@ -546,6 +546,9 @@ fn preload(keys: Vec<Key>) {
         let programs = PROGRAMS.lock().unwrap();
         keys.into_iter().filter(|k| !programs.as_ref().is_some_and(|p| p.contains_key(k))).collect()
     };
+    if keys.is_empty() {
+        return;
+    }
     *LOADING.lock().unwrap() = keys.clone();
     let thread = std::thread::spawn(move || {
         for key in keys {
