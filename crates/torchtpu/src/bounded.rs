@@ -130,6 +130,32 @@ pub struct Bucketed {
     pub padded: Vec<Option<Vec<i64>>>,
 }
 
+/// What launching a bucket's program for one graph takes, its graph gone.
+pub struct Launch {
+    /// Each of the graph's parameters' shapes in the bucket.
+    pub shapes: Vec<Vec<i64>>,
+    /// The sizes' values, passed after the parameters.
+    pub sizes: Vec<i64>,
+    /// Which output each argument (parameters, then sizes) is donated to.
+    pub donors: Vec<Option<usize>>,
+    pub padded: Vec<Option<Vec<i64>>>,
+    /// The bucket graph's node count (for the metrics).
+    pub nodes: usize,
+}
+
+impl Bucketed {
+    pub fn launch(&self) -> Launch {
+        let shapes = self.graph.params[..self.graph.params.len() - self.sizes.len()].iter();
+        Launch {
+            shapes: shapes.map(|t| t.shape.clone()).collect(),
+            sizes: self.sizes.clone(),
+            donors: self.graph.donors.clone(),
+            padded: self.padded.clone(),
+            nodes: self.graph.nodes.len(),
+        }
+    }
+}
+
 /// `c[0] + c[1]*s + c[2]*t + c[3]*s*t` of the changing sizes `s` and `t`
 /// (t = 0 where one size changes).
 #[derive(Clone, Copy, Default, PartialEq, Eq, Hash)]

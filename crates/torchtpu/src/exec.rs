@@ -157,7 +157,8 @@ static PLANS: LazyLock<RwLock<FxMap<Key, Arc<Plan>>>> = LazyLock::new(Default::d
 /// The cache key of a call: the op (or compiled graph) `id` and everything
 /// its program depends on, never the values of `runtime` operands.
 pub fn signature(id: u64, runtime: impl Fn(usize) -> bool, args: &[Arg]) -> Key {
-    let mut key = vec![id];
+    let mut key = Vec::with_capacity(64);
+    key.push(id);
     let mut storages: Vec<*const Storage> = Vec::new();
     let mut tensor = |key: &mut Key, t: &Option<Tensor>| {
         let Some(t) = t else { return key.push(0) };
@@ -197,6 +198,11 @@ pub fn signature(id: u64, runtime: impl Fn(usize) -> bool, args: &[Arg]) -> Key 
     };
     for (i, a) in args.iter().enumerate() {
         let runtime = runtime(i);
+        // A runtime number's tag alone; a constant's next tag and its bits.
+        let scalar = |key: &mut Key, tag: u64, bits: u64| match runtime {
+            true => key.push(tag),
+            false => key.extend([tag + 1, bits]),
+        };
         match a {
             Arg::None => key.push(100),
             Arg::Tensor(t) => tensor(&mut key, &Some(*t)),
@@ -206,9 +212,9 @@ pub fn signature(id: u64, runtime: impl Fn(usize) -> bool, args: &[Arg]) -> Key 
                     tensor(&mut key, t);
                 }
             }
-            Arg::Int(v) => key.extend(if runtime { vec![103] } else { vec![104, *v as u64] }),
-            Arg::Float(f) => key.extend(if runtime { vec![105] } else { vec![106, f.to_bits()] }),
-            Arg::Bool(b) => key.extend(if runtime { vec![107] } else { vec![108, *b as u64] }),
+            Arg::Int(v) => scalar(&mut key, 103, *v as u64),
+            Arg::Float(f) => scalar(&mut key, 105, f.to_bits()),
+            Arg::Bool(b) => scalar(&mut key, 107, *b as u64),
             Arg::Ints(v) => {
                 key.extend([109, v.len() as u64]);
                 key.extend(v.iter().map(|&x| x as u64));

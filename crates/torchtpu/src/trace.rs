@@ -427,6 +427,11 @@ struct Programs {
     by_key: FxMap<(u64, u64), Weak<Program>>,
     /// Bucketed programs XLA failed to compile.
     failed_buckets: std::collections::HashSet<(u64, u64)>,
+    /// The bucket program and launch of each graph (by its structure and
+    /// its inputs' padded shapes) that was bucketed: a decoding loop meets
+    /// the same graphs again at each call, and building a bucket's graph
+    /// only to find its program costs as much as recording the step.
+    launches: FxMap<((u64, u64), Vec<Option<Vec<i64>>>), (Weak<Program>, Arc<bounded::Launch>)>,
     history: Vec<Vec<(Arc<Plan>, Option<String>)>>,
 }
 
@@ -444,7 +449,7 @@ fn structure_key(g: &Graph) -> (u64, u64) {
 /// `params`): its own, or (where `g` has padded inputs or misses, and its
 /// sizes change from an earlier trace of its structure) the program of its
 /// bucket.
-fn program(trace: &Trace, g: &Graph, params: &[usize]) -> Result<(Arc<Program>, Option<bounded::Bucketed>)> {
+fn program(trace: &Trace, g: &Graph, params: &[usize]) -> Result<(Arc<Program>, Option<Arc<bounded::Launch>>)> {
     let mut guard = PROGRAMS.lock().unwrap();
     let programs = guard.get_or_insert_with(Programs::default);
     let hit = |programs: &Programs, key| {
@@ -461,39 +466,55 @@ fn program(trace: &Trace, g: &Graph, params: &[usize]) -> Result<(Arc<Program>, 
             return Ok((p, None));
         }
     }
+    let seen = (key, padded.iter().map(|p| p.map(<[i64]>::to_vec)).collect());
+    if let Some((p, launch)) = programs.launches.get(&seen).and_then(|(p, l)| Some((p.upgrade()?, l.clone()))) {
+        bump(&METRICS.fused_hits);
+        p.touch();
+        return Ok((p, Some(launch)));
+    }
     if let Some(b) = bounded::enabled().then(|| bounded::generalize(g, &padded)).flatten() {
         let bkey = structure_key(&b.graph);
-        if let Some(p) = hit(programs, bkey) {
-            return Ok((p, Some(b)));
-        }
-        if let Some(p) = cache::compiled(&b.graph)? {
-            bump(&METRICS.fused_misses);
-            programs.by_key.insert(bkey, Arc::downgrade(&p));
-            return Ok((p, Some(b)));
+        let mut found = hit(programs, bkey);
+        if found.is_none() {
+            found = cache::compiled(&b.graph)?;
+            if let Some(p) = &found {
+                bump(&METRICS.fused_misses);
+                programs.by_key.insert(bkey, Arc::downgrade(p));
+            }
         }
         // Rather than compile the bucket, the trace's own program where it
         // was compiled before: a second run of a script whose first sizes
         // were compiled as they were (its structure's fit was saved later).
-        if let Some(p) = (!padded_inputs).then(|| cache::compiled(g)).transpose()?.flatten() {
-            bump(&METRICS.fused_misses);
-            programs.by_key.insert(key, Arc::downgrade(&p));
-            return Ok((p, None));
+        if found.is_none() {
+            if let Some(p) = (!padded_inputs).then(|| cache::compiled(g)).transpose()?.flatten() {
+                bump(&METRICS.fused_misses);
+                programs.by_key.insert(key, Arc::downgrade(&p));
+                return Ok((p, None));
+            }
         }
         // A bucket XLA cannot compile (an op its padding does not take)
         // falls back to the trace's own program, and is not tried again.
-        if !programs.failed_buckets.contains(&bkey) {
+        if found.is_none() && !programs.failed_buckets.contains(&bkey) {
             match cache::compile(&b.graph, "bucketed fused program") {
                 Ok(p) => {
                     bump(&METRICS.fused_misses);
                     bump(&METRICS.bucketed_programs);
                     programs.by_key.insert(bkey, Arc::downgrade(&p));
-                    return Ok((p, Some(b)));
+                    found = Some(p);
                 }
                 Err(e) => {
                     programs.failed_buckets.insert(bkey);
                     bounded::refused(&format!("XLA: {}", e.message.lines().next().unwrap_or_default()));
                 }
             }
+        }
+        if let Some(p) = found {
+            let launch = Arc::new(b.launch());
+            if programs.launches.len() >= 4096 {
+                programs.launches.clear();
+            }
+            programs.launches.insert(seen, (Arc::downgrade(&p), launch.clone()));
+            return Ok((p, Some(launch)));
         }
     }
     if let Some(p) = padded_inputs.then(|| hit(programs, key)).flatten() {
@@ -565,28 +586,29 @@ fn run(trace: Trace, live: &[Arc<Pending>]) -> Result<()> {
     if lowered.graph.outputs.is_empty() {
         return Ok(());
     }
-    let (program, bucketed) = program(&trace, &lowered.graph, &lowered.params)?;
+    let (program, launch) = program(&trace, &lowered.graph, &lowered.params)?;
     let rt = runtime::get()?;
     // Inputs in the shapes the program takes: its bucket's, or exact.
     let mut inputs: Vec<Arc<DeviceBuffer>> = Vec::with_capacity(lowered.params.len() + 1);
     for (k, &n) in lowered.params.iter().enumerate() {
         let buf = trace.buffer(n);
-        inputs.push(match &bucketed {
-            Some(b) => bounded::repad(buf, &b.graph.params[k].shape)?,
+        inputs.push(match &launch {
+            Some(l) => bounded::repad(buf, &l.shapes[k])?,
             None => bounded::unpad(buf)?,
         });
     }
-    if let Some(b) = &bucketed {
-        for &s in &b.sizes {
+    if let Some(l) = &launch {
+        for &s in &l.sizes {
             inputs.push(exec::upload_scalar(&(s as i32).to_le_bytes(), crate::dtype::DType::I32, trace.device)?);
         }
         bump(&METRICS.bucketed_runs);
     }
-    let graph = bucketed.as_ref().map_or(&lowered.graph, |b| &b.graph);
+    let (donors, nodes) =
+        launch.as_ref().map_or((&lowered.graph.donors, lowered.graph.nodes.len()), |l| (&l.donors, l.nodes));
     let args: Vec<&pjrt::Buffer> = inputs.iter().map(|b| &*b.buf).collect();
-    let kept: Vec<i64> = (0..args.len()).filter(|&k| graph.donors[k].is_none()).map(|k| k as i64).collect();
+    let kept: Vec<i64> = (0..args.len()).filter(|&k| donors[k].is_none()).map(|k| k as i64).collect();
     add(&METRICS.donated, (args.len() - kept.len()) as u64);
-    METRICS.largest_graph.fetch_max(graph.nodes.len() as u64, std::sync::atomic::Ordering::Relaxed);
+    METRICS.largest_graph.fetch_max(nodes as u64, std::sync::atomic::Ordering::Relaxed);
     let start = Instant::now();
     let raw = program
         .exe
@@ -599,7 +621,7 @@ fn run(trace: Trace, live: &[Arc<Pending>]) -> Result<()> {
         .zip(&lowered.graph.outputs)
         .enumerate()
         .map(|(o, (b, &v))| {
-            let padded = bucketed.as_ref().and_then(|bk| bk.padded[o].clone());
+            let padded = launch.as_ref().and_then(|l| l.padded[o].clone());
             DeviceBuffer::with_shape(b, lowered.graph.ty(v).clone(), padded, trace.device)
         })
         .collect();
