@@ -1,9 +1,10 @@
 """Conformance of the lowered operators with PyTorch on CPU.
 
 Every check of tests/conformance/compare.py on the lowered entries of
-PyTorch's OpInfo database: results (values, dtype, shape), gradients, out=
-and in-place variants, error inputs, and strided views. A lowered op must
-not fall back to CPU. The conformance sweep (test_conformance.py) covers
+PyTorch's OpInfo database: results (values, dtype, shape; in
+test_op_values.py, so that `make test`'s workers share the suite),
+gradients, out= and in-place variants, error inputs, and strided views. A
+lowered op must not fall back to CPU. The conformance sweep (test_conformance.py) covers
 every other entry's values and gradients.
 """
 import random
@@ -175,20 +176,6 @@ def expect_same(name, check, fn, sample):
 def supported(op, dtype):
     if dtype not in op.supported_dtypes("cpu"):
         pytest.skip(f"{op.name} does not support {dtype} on CPU")
-
-
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("name", OPS)
-def test_values(request, name, dtype, mode):
-    """Results as on CPU; dtypes CPU does not support raise its errors."""
-    mark_known_gap(request, name, "values")
-    only_float32(mode, dtype, "values")
-    op = opinfo(name)
-    try:
-        samples_ = samples(name, dtype, mode)
-    except Exception as e:
-        pytest.skip(f"no {dtype} samples: {e}")
-    for_each_sample(name, samples_, lambda s: expect_same(name, "values", op, s))
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
