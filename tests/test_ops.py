@@ -4,8 +4,8 @@ Every check of tests/conformance/compare.py on the lowered entries of
 PyTorch's OpInfo database: results (values, dtype, shape; in
 test_op_values.py, so that `make test`'s workers share the suite),
 gradients, out= and in-place variants, error inputs, and strided views. A
-lowered op must not fall back to CPU. The conformance sweep (test_conformance.py) covers
-every other entry's values and gradients.
+lowered op must not fall back to CPU. The conformance sweep
+(test_conformance.py) covers every other entry's values and gradients.
 """
 import random
 import re
