@@ -78,6 +78,19 @@ def test_out_of_memory(mode):
     still_usable()
 
 
+def test_out_of_memory_at_a_step_end():
+    """A step's flush fails on the flush thread: its values are lost, and
+    reading one raises the error there."""
+    with torchtpu.mode("fused"):
+        huge = torch.zeros(16 * 2**30, device="tpu")
+        torchtpu._C.flush("optimizer_step")
+        with pytest.raises(RuntimeError, match="this tensor's value was lost: .*out of memory on tpu:0"):
+            huge[0].item()
+        del huge
+        still_usable()
+        assert torchtpu.metrics()["overlapped_flushes"] >= 1
+
+
 def test_missing_plugin():
     code = (
         "import torch, torchtpu\n"

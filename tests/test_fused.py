@@ -1,5 +1,6 @@
 """Fused mode: one program per training step, cache keys that ignore values,
 state kept exact across flushes, the persistent cache and the diagnostics."""
+import ast
 import os
 import subprocess
 import sys
@@ -85,6 +86,39 @@ def test_optimizer_updates_are_donated():
     # weight, exp_avg, exp_avg_sq per parameter from step 2 on, at least.
     assert torchtpu.metrics()["donated_buffers"] >= 3 * params * 3
     assert live[2:] == [live[2]] * 3, live
+
+
+STEPS_UNREAD = """
+    import torch, torchtpu
+    from workloads import WORKLOADS, _flat_cross_entropy
+    w = WORKLOADS["mlp"]
+    torch.manual_seed(0)
+    net = w.model().to("tpu")
+    opt = w.optimizer(net.parameters(), w.lr)
+    xs, ys = w.batches(5)
+    losses = []
+    for x, y in zip(xs, ys):
+        opt.zero_grad()
+        loss = _flat_cross_entropy(net(x.to("tpu")), y.to("tpu"))
+        loss.backward()
+        opt.step()
+        losses.append(loss.detach())
+    m = torchtpu.metrics()
+    print(repr(([l.item() for l in losses], m["overlapped_flushes"], m["compilations"], m["donated_buffers"],
+                m["live_buffers"])))
+"""
+
+
+def test_step_flushes_overlap_the_next_steps_recording(tmp_path):
+    """A loop that reads its losses only at the end: each step's flush runs
+    on the flush thread while the next step records, reading the values it
+    computes. Losses, programs, donations and live buffers are those of the
+    same loop flushed on the main thread, losses those of CPU."""
+    runs = [run_script(tmp_path, STEPS_UNREAD, TORCHTPU_CACHE_DIR="", TORCHTPU_OVERLAP=overlap).stdout.splitlines()[-1]
+            for overlap in ("1", "0")]
+    (losses, overlapped, *counts), (serial_losses, none, *serial_counts) = map(ast.literal_eval, runs)
+    assert (overlapped, none) == (5, 0) and counts == serial_counts and losses == serial_losses, runs
+    torch.testing.assert_close(losses, train("mlp", "cpu", 5), rtol=1e-4, atol=1e-5)
 
 
 def test_views_and_inplace_across_flushes():

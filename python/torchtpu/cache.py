@@ -14,8 +14,9 @@ import os
 
 from . import _C
 
-# An import's preload must not be inside XLA while the process exits.
-atexit.register(_C.cache_settle)
+# Neither an import's preload nor the flush thread may be inside XLA while
+# the process exits.
+atexit.register(_C.settle)
 
 
 def export(path) -> int:

@@ -273,6 +273,7 @@ pub fn end(outputs: &[Tensor]) -> Result<()> {
                 constants.push(b.clone());
                 Input::Constant(constants.len() - 1)
             }
+            Param::Future(_) => unreachable!("a capture starts with a flush that waits for the flush thread"),
         })
         .collect();
     let mut graphs = GRAPHS.lock().unwrap();

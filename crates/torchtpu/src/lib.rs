@@ -24,6 +24,7 @@ pub mod kernel;
 pub mod lower;
 pub mod memory;
 pub mod metrics;
+pub mod overlap;
 mod python;
 pub mod runtime;
 pub mod simplify;

@@ -34,6 +34,8 @@ pub struct Metrics {
     pub kernels: AtomicU64,
     /// Collective programs run (`collective.rs`).
     pub collectives: AtomicU64,
+    /// Flushes run on the flush thread (`overlap.rs`).
+    pub overlapped: AtomicU64,
     /// Fused programs compiled for a bucket of a changing size, flushes they
     /// ran, and buffers copied through the host into (`repads`) or out of
     /// (`unpads`) a bucket's padded shape (`bounded.rs`).
@@ -101,6 +103,7 @@ impl Metrics {
             ("compiled_graph_calls", get(&self.graph_calls)),
             ("kernels", get(&self.kernels)),
             ("collectives", get(&self.collectives)),
+            ("overlapped_flushes", get(&self.overlapped)),
             ("bucketed_programs", get(&self.bucketed_programs)),
             ("bucketed_runs", get(&self.bucketed_runs)),
             ("repads", get(&self.repads)),
@@ -134,6 +137,7 @@ impl Metrics {
             &self.graph_calls,
             &self.kernels,
             &self.collectives,
+            &self.overlapped,
             &self.bucketed_programs,
             &self.bucketed_runs,
             &self.repads,

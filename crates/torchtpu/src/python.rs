@@ -79,6 +79,8 @@ fn get_mode() -> &'static str {
 /// Counters, and CPU fallbacks by operator name.
 #[pyfunction]
 fn metrics(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
+    // Counts include the flushes queued so far.
+    crate::overlap::wait();
     let d = PyDict::new(py);
     for (name, value) in METRICS.counters() {
         d.set_item(name, value)?;
@@ -102,6 +104,7 @@ fn metrics(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
 
 #[pyfunction]
 fn reset_metrics() {
+    crate::overlap::wait();
     METRICS.reset();
 }
 
@@ -200,6 +203,8 @@ fn kernel_call<'py>(py: Python<'py>, table: i64, args: &Bound<'py, PyTuple>) -> 
 /// Writes the compilation cache's entries to one file (`torchtpu.cache.export`).
 #[pyfunction]
 fn cache_export(path: std::path::PathBuf) -> PyResult<usize> {
+    // With the programs the flush thread is compiling.
+    crate::overlap::wait();
     cache::export(&path).map_err(py_err)
 }
 
@@ -209,10 +214,14 @@ fn cache_import(path: std::path::PathBuf) -> PyResult<usize> {
     cache::import(&path).map_err(py_err)
 }
 
-/// Stops an import's background preload (at exit).
+/// At exit: no thread of ours may be inside XLA while its statics go, so
+/// the flush thread finishes its queue and an import's preload stops.
 #[pyfunction]
-fn cache_settle(py: Python<'_>) {
-    py.detach(cache::settle)
+fn settle(py: Python<'_>) {
+    py.detach(|| {
+        crate::overlap::wait();
+        cache::settle();
+    })
 }
 
 /// Compiles every bucket up to `up_to` of the changing sizes met so far,
@@ -254,7 +263,7 @@ fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(kernel_call, m)?)?;
     m.add_function(wrap_pyfunction!(cache_export, m)?)?;
     m.add_function(wrap_pyfunction!(cache_import, m)?)?;
-    m.add_function(wrap_pyfunction!(cache_settle, m)?)?;
+    m.add_function(wrap_pyfunction!(settle, m)?)?;
     m.add_function(wrap_pyfunction!(warm_buckets, m)?)?;
     m.add_function(wrap_pyfunction!(bucket, m)?)?;
     Ok(())

@@ -6,7 +6,7 @@
 //! value. Addresses handed to PyTorch are unique, never dereferenced, and the
 //! ranges of live storages never overlap.
 use std::mem::ManuallyDrop;
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Mutex, OnceLock};
 
 use crate::error::{Error, Result};
@@ -81,21 +81,57 @@ impl Drop for DeviceBuffer {
 
 /// A value recorded in fused mode's trace: node `node` of trace `epoch`.
 /// Whoever holds it keeps it alive, which is what makes the flushed program
-/// output it; the flush then fills `result`.
+/// output it; the flush then fills `result`, at once or (a trace flushed at
+/// a step's end, `overlap.rs`) on the flush thread.
 pub struct Pending {
     pub epoch: u64,
     pub node: V,
     pub ty: Ty,
-    pub result: OnceLock<std::result::Result<Arc<DeviceBuffer>, String>>,
-    /// The buffer (its address, as identity) this value replaced in its
-    /// storage: the flush donates that buffer to this value, so XLA updates
-    /// it in place rather than copying it first.
-    pub replaces: OnceLock<usize>,
+    pub result: OnceLock<Result<Arc<DeviceBuffer>>>,
+    /// Its trace was flushed: `result` is filled now or soon, never left empty.
+    pub flushed: AtomicBool,
+    /// What this value replaced in its storage: the flush donates that
+    /// buffer to this value, so XLA updates it in place rather than copying
+    /// it first.
+    pub replaces: OnceLock<Replaced>,
+}
+
+/// Identities (addresses) of what a pending value replaced.
+#[derive(Clone, Copy)]
+pub enum Replaced {
+    Buffer(usize),
+    /// A value whose flush has not finished yet: its buffer, once known.
+    Pending(usize),
 }
 
 impl Pending {
     pub fn new(epoch: u64, node: V, ty: Ty) -> Arc<Pending> {
-        Arc::new(Pending { epoch, node, ty, result: OnceLock::new(), replaces: OnceLock::new() })
+        Arc::new(Pending {
+            epoch,
+            node,
+            ty,
+            result: OnceLock::new(),
+            flushed: AtomicBool::new(false),
+            replaces: OnceLock::new(),
+        })
+    }
+
+    /// The computed buffer: None if its trace was not flushed yet; waits for
+    /// a flush still running.
+    pub fn buffer(&self) -> Option<Result<Arc<DeviceBuffer>>> {
+        let result = match self.flushed.load(Ordering::Acquire) {
+            true => Some(self.result.wait()),
+            false => self.result.get(),
+        };
+        result.map(|r| {
+            r.clone()
+                .map_err(|e| Error { message: format!("torchtpu: this tensor's value was lost: {}", e.message), ..e })
+        })
+    }
+
+    /// The computed buffer, if there is one already.
+    pub fn ready(&self) -> Option<&Arc<DeviceBuffer>> {
+        self.result.get().and_then(|r| r.as_ref().ok())
     }
 }
 
@@ -117,10 +153,7 @@ impl Value {
     pub fn buffer(&self) -> Option<Result<Arc<DeviceBuffer>>> {
         match self {
             Value::Ready(b) => Some(Ok(b.clone())),
-            Value::Pending(p) => p
-                .result
-                .get()
-                .map(|r| r.clone().map_err(|e| Error::runtime(format!("torchtpu: this tensor's value was lost: {e}")))),
+            Value::Pending(p) => p.buffer(),
         }
     }
 }
@@ -145,7 +178,7 @@ impl Storage {
         // A computed pending value becomes a plain buffer, so that the
         // storage alone holds it (and a later program may donate it).
         if let Some(Value::Pending(p)) = &*slot {
-            if let Some(Ok(b)) = p.result.get() {
+            if let Some(b) = p.ready() {
                 *slot = Some(Value::Ready(b.clone()));
             }
         }
@@ -156,10 +189,11 @@ impl Storage {
         let mut slot = self.value.lock().unwrap();
         if let (Value::Pending(new), Some(old)) = (&value, slot.as_ref()) {
             let replaced = match old {
-                Value::Ready(b) => Some(Arc::as_ptr(b) as usize),
-                Value::Pending(p) => match p.result.get() {
-                    Some(Ok(b)) => Some(Arc::as_ptr(b) as usize),
-                    _ => p.replaces.get().copied(),
+                Value::Ready(b) => Some(Replaced::Buffer(Arc::as_ptr(b) as usize)),
+                Value::Pending(p) => match p.ready() {
+                    Some(b) => Some(Replaced::Buffer(Arc::as_ptr(b) as usize)),
+                    None if p.flushed.load(Ordering::Acquire) => Some(Replaced::Pending(Arc::as_ptr(p) as usize)),
+                    None => p.replaces.get().copied(),
                 },
             };
             if let Some(addr) = replaced {

@@ -27,9 +27,10 @@ use crate::exec::{self, FxHasher, FxMap, Plan};
 use crate::ir::{Graph, Op, V};
 use crate::lower::{Check, Input};
 use crate::metrics::{add, bump, METRICS};
+use crate::overlap;
 use crate::runtime;
 use crate::simplify;
-use crate::storage::{DeviceBuffer, Pending, Value};
+use crate::storage::{DeviceBuffer, Pending, Replaced, Value};
 
 /// Why a trace was flushed (counted per kind in the metrics).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -94,10 +95,12 @@ impl Reason {
     }
 }
 
-/// What a trace parameter stands for: a buffer, or (in a capture) an input
-/// of the compiled graph's plan, supplied at each call.
+/// What a trace parameter stands for: a buffer, the value of a flush still
+/// running on the flush thread (its buffer, once launched), or (in a
+/// capture) an input of the compiled graph's plan, supplied at each call.
 pub enum Param {
     Buffer(Arc<DeviceBuffer>),
+    Future(Arc<Pending>),
     Input(Input),
 }
 
@@ -121,6 +124,10 @@ pub struct Trace {
     /// Storage buffers already made parameters (one parameter per buffer:
     /// sharing is part of the program's structure).
     param_of: FxMap<usize, V>,
+    /// The same for values of flushes still running (by the value's
+    /// address), and those of them not yet known by their buffer.
+    future_of: FxMap<usize, V>,
+    unsettled: Vec<(usize, V)>,
     pending: Vec<Weak<Pending>>,
     /// Data-dependent errors of recorded ops, as trace nodes.
     pub checks: Vec<Check>,
@@ -190,12 +197,31 @@ impl Trace {
         v
     }
 
-    /// The buffer of parameter `n` (every parameter of a trace that runs is one).
+    /// The buffer of parameter `n` (every parameter of a trace that runs is
+    /// one once its futures are resolved).
     fn buffer(&self, n: usize) -> &Arc<DeviceBuffer> {
         match &self.params[n] {
             Param::Buffer(b) => b,
+            Param::Future(_) => unreachable!("futures are resolved before a trace is lowered"),
             Param::Input(_) => unreachable!("a captured graph's trace is never run"),
         }
+    }
+
+    /// Futures whose flush has launched are known by their buffer from now
+    /// on, so that a storage read again (now holding that buffer) is the
+    /// same parameter.
+    fn settle(&mut self) {
+        let (params, param_of) = (&self.params, &mut self.param_of);
+        self.unsettled.retain(|&(n, v)| match &params[n] {
+            Param::Future(p) => match p.ready() {
+                Some(b) => {
+                    param_of.insert(Arc::as_ptr(b) as usize, v);
+                    false
+                }
+                None => true,
+            },
+            _ => false,
+        });
     }
 
     /// The trace node of a plan input.
@@ -216,11 +242,26 @@ impl Trace {
             storage.and_then(|s| s.value()).ok_or_else(|| Error::runtime("torchtpu: a storage lost its value"))?;
         match value {
             Value::Pending(p) if p.epoch == self.epoch && p.result.get().is_none() => Ok(p.node),
+            // Recording goes on while the flush computing it runs.
+            Value::Pending(p) if !self.capture && p.result.get().is_none() && p.flushed.load(Ordering::Acquire) => {
+                let key = Arc::as_ptr(&p) as usize;
+                if let Some(&v) = self.future_of.get(&key) {
+                    return Ok(v);
+                }
+                let v = self.graph.param(p.ty.clone());
+                self.unsettled.push((self.params.len(), v));
+                self.params.push(Param::Future(p));
+                self.future_of.insert(key, v);
+                Ok(v)
+            }
             value => {
                 let buf = value
                     .buffer()
                     .unwrap_or_else(|| Err(Error::runtime("torchtpu: a value of an earlier trace was lost")))?;
                 let key = Arc::as_ptr(&buf) as usize;
+                if !self.unsettled.is_empty() && !self.param_of.contains_key(&key) {
+                    self.settle();
+                }
                 if let Some(&v) = self.param_of.get(&key) {
                     return Ok(v);
                 }
@@ -276,7 +317,8 @@ pub fn record(plan: &Arc<Plan>, args: &[Arg], device: usize) -> Result<Vec<Value
     Ok(results)
 }
 
-/// Runs everything recorded so far (without waiting for it).
+/// Runs everything recorded so far (without waiting for it; at a step's
+/// end or the size bound, on the flush thread).
 pub fn flush(reason: Reason) -> Result<()> {
     if capturing() {
         return Err(uncapturable(reason));
@@ -291,6 +333,12 @@ fn uncapturable(reason: Reason) -> Error {
 }
 
 fn flush_locked(slot: &mut Option<Trace>, reason: Reason) -> Result<()> {
+    // Only where Python goes on recording; the others launch in order after
+    // the flushes already queued.
+    let overlapped = matches!(reason, Reason::Step | Reason::Size) && overlap::enabled();
+    if !overlapped {
+        overlap::drain()?;
+    }
     let Some(t) = slot.as_mut() else {
         return Ok(());
     };
@@ -304,14 +352,53 @@ fn flush_locked(slot: &mut Option<Trace>, reason: Reason) -> Result<()> {
     let trace = std::mem::replace(t, next);
     *METRICS.flushes.lock().unwrap().entry(reason.name()).or_insert(0) += 1;
     let live: Vec<Arc<Pending>> = trace.pending.iter().filter_map(Weak::upgrade).collect();
-    let result = run(trace, &live);
-    if let Err(e) = &result {
-        // The values are lost, not wrong: reading one raises this error.
-        for p in &live {
-            let _ = p.result.set(Err(e.message.clone()));
+    for p in &live {
+        p.flushed.store(true, Ordering::Release);
+    }
+    let flushed = Flushed(live);
+    if !overlapped {
+        return flushed.run(trace);
+    }
+    bump(&METRICS.overlapped);
+    let checks = LAUNCHED_CHECKS.lock().unwrap().len();
+    overlap::submit(Box::new(move || match flushed.run(trace) {
+        // Reading one of its values raises the error.
+        Err(_) if flushed.lost() => Ok(()),
+        result => result,
+    }))?;
+    // A loop that never reads a value still learns of a failed check.
+    verify(checks > 256)
+}
+
+/// The values a flush computes. Whatever stops it (an error, a panic), none
+/// is left empty: readers wait for them.
+struct Flushed(Vec<Arc<Pending>>);
+
+impl Flushed {
+    fn run(&self, trace: Trace) -> Result<()> {
+        let result = run(trace, &self.0);
+        if let Err(e) = &result {
+            self.lose(e);
+        }
+        result
+    }
+
+    /// The values are lost, not wrong: reading one raises `e`.
+    fn lose(&self, e: &Error) {
+        for p in &self.0 {
+            let _ = p.result.set(Err(e.clone()));
         }
     }
-    result
+
+    fn lost(&self) -> bool {
+        self.0.iter().any(|p| matches!(p.result.get(), Some(Err(_))))
+    }
+}
+
+impl Drop for Flushed {
+    fn drop(&mut self) {
+        self.lose(&Error::runtime("torchtpu internal error: a flush stopped before computing this value"));
+    }
 }
 
 /// The program of a trace: what it computes for `live`, with donations.
@@ -360,7 +447,26 @@ pub fn prune(graph: &Graph, roots: impl Iterator<Item = V>) -> (Graph, Vec<usize
     (g, params, map)
 }
 
-fn lower_trace(trace: &Trace, live: &[Arc<Pending>]) -> Lowered {
+/// Resolves the trace's futures into buffers (their flushes have launched by
+/// now); a value nothing else holds any more lets its buffer go, so that the
+/// buffer may be donated as one read from a storage would be. Returns each
+/// future's buffer address by its value's.
+fn resolve_futures(trace: &mut Trace) -> Result<FxMap<usize, usize>> {
+    let mut resolved = FxMap::default();
+    for param in &mut trace.params {
+        if let Param::Future(p) = param {
+            let buf =
+                p.buffer().unwrap_or_else(|| Err(Error::runtime("torchtpu: a value of an earlier trace was lost")))?;
+            resolved.insert(Arc::as_ptr(p) as usize, Arc::as_ptr(&buf) as usize);
+            *param = Param::Buffer(buf);
+        }
+    }
+    Ok(resolved)
+}
+
+/// `resolved`: the buffer address of each value of an earlier flush the
+/// trace read while that flush ran (`resolve_futures`).
+fn lower_trace(trace: &Trace, live: &[Arc<Pending>], resolved: &FxMap<usize, usize>) -> Lowered {
     let nodes = &trace.graph.nodes;
     let roots =
         live.iter().map(|p| p.node).chain(trace.checks.iter().flat_map(|c| std::iter::once(c.flag).chain(c.value)));
@@ -397,8 +503,12 @@ fn lower_trace(trace: &Trace, live: &[Arc<Pending>]) -> Lowered {
     let param_of: FxMap<usize, usize> =
         donatable.iter().map(|&k| (Arc::as_ptr(trace.buffer(params[k])) as usize, k)).collect();
     for (p, source) in live.iter().zip(&sources) {
-        if let (Some(addr), Source::Output(o)) = (p.replaces.get(), source) {
-            if let Some(&k) = param_of.get(addr) {
+        let replaced = p.replaces.get().and_then(|r| match *r {
+            Replaced::Buffer(addr) => Some(addr),
+            Replaced::Pending(value) => resolved.get(&value).copied(),
+        });
+        if let (Some(addr), Source::Output(o)) = (replaced, source) {
+            if let Some(&k) = param_of.get(&addr) {
                 if g.donors[k].is_none() && !taken[*o] && g.nodes[g.outputs[*o]].ty == g.params[k] {
                     taken[*o] = true;
                     g.donors[k] = Some(*o);
@@ -576,8 +686,9 @@ fn explain(ops: &[(Arc<Plan>, Option<String>)], history: &[Vec<(Arc<Plan>, Optio
     }
 }
 
-fn run(trace: Trace, live: &[Arc<Pending>]) -> Result<()> {
-    let lowered = lower_trace(&trace, live);
+fn run(mut trace: Trace, live: &[Arc<Pending>]) -> Result<()> {
+    let resolved = resolve_futures(&mut trace)?;
+    let lowered = lower_trace(&trace, live, &resolved);
     for (p, s) in live.iter().zip(&lowered.sources) {
         if let Source::Param(n) = s {
             let _ = p.result.set(Ok(trace.buffer(*n).clone()));
@@ -643,8 +754,9 @@ fn run(trace: Trace, live: &[Arc<Pending>]) -> Result<()> {
 }
 
 /// Raises the first failed data-dependent check of launched programs,
-/// waiting for them.
+/// waiting for them (and for the flush thread to launch its own).
 pub fn verify_checks() -> Result<()> {
+    overlap::drain()?;
     verify(true)
 }
 
