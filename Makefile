@@ -55,10 +55,11 @@ bench: build $(VENV)/.models-installed $(VENV)/.kernels-installed
 	$(PY) bench/training.py
 	$(PY) bench/conv.py
 	$(PY) bench/compile.py
-	$(PY) bench/kernels.py
+	$(PY) bench/custom_kernels.py
 	$(PY) bench/distributed.py
 	$(PY) bench/warm_cache.py
 	$(PY) bench/dynamic.py
+	$(PY) bench/overlap.py
 
 clean:
 	rm -rf target $(VENV)

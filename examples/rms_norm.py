@@ -1,5 +1,5 @@
 """RMSNorm as a Pallas kernel with a backward of its own, called on tpu
-tensors (the README's worked kernel; the tests and bench/kernels.py use it).
+tensors (the README's worked kernel; the tests and bench/custom_kernels.py use it).
 
 The forward is a `pallas_call` over blocks of rows; `jax.custom_vjp` gives it
 a backward written in JAX, which torchtpu.pallas lowers as a second kernel.

@@ -333,9 +333,12 @@ fn uncapturable(reason: Reason) -> Error {
 }
 
 fn flush_locked(slot: &mut Option<Trace>, reason: Reason) -> Result<()> {
-    // Only where Python goes on recording; the others launch in order after
-    // the flushes already queued.
-    let overlapped = matches!(reason, Reason::Step | Reason::Size) && overlap::enabled();
+    // Only where Python goes on recording (and the trace likely compiles);
+    // the others launch in order after the flushes already queued.
+    let overlapped = matches!(reason, Reason::Step | Reason::Size)
+        && slot.as_ref().is_some_and(|t| {
+            !t.capture && overlap::first_time(t.records.iter().map(|r| Arc::as_ptr(&r.plan) as usize))
+        });
     if !overlapped {
         overlap::drain()?;
     }

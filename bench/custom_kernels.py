@@ -6,7 +6,7 @@
 2. the host cost of one kernel call after the first vs a native op of the
    same arity (two inputs, one output), strict mode, tiny tensors.
 
-    python bench/kernels.py [--steps N]
+    python bench/custom_kernels.py [--steps N]
 """
 import argparse
 import os
