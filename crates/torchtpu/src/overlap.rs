@@ -22,7 +22,6 @@ use crate::exec::FxHasher;
 
 type Job = Box<dyn FnOnce() -> Result<()> + Send>;
 
-#[derive(Default)]
 struct Queue {
     jobs: VecDeque<Job>,
     /// A job is running.
