@@ -407,6 +407,74 @@ def collective_programs():
     same("permute", on_tpu("permute", values, (5,), pairs=[i for p in ring for i in p]),
          [values[(r - 1) % n] for r in range(n)])
     assert torchtpu.metrics()["collectives"] - before == 10 + 10 + 8 + 1
+    backend_programs()
+
+
+def backend_programs():
+    """The backend's transport on GPUs and TPUs (collective programs), in a
+    group of this one process: each collective the members' single program,
+    its results those of a one-member group."""
+    from torch._C._distributed_c10d import AllgatherOptions, AllToAllOptions
+    from torchtpu.distributed import TpuBackend
+
+    backend = TpuBackend(dist.HashStore(), 0, 1, TIMEOUT, devices=[torchtpu._C.device_id(1)])
+    x = torch.arange(12, dtype=torch.float32).reshape(4, 3)
+    before = torchtpu.metrics()["collectives"]
+
+    def run(call, *tensors, **fields):
+        """`call` on tpu:1 copies of `tensors`; their values afterwards."""
+        on_tpu = [t.to("tpu:1") for t in tensors]
+        options = {"allreduce": dist.AllreduceOptions, "broadcast": dist.BroadcastOptions,
+                   "reduce_scatter_single": dist.ReduceScatterOptions,
+                   "all_to_all_single": AllToAllOptions}.get(call, AllgatherOptions)
+        args = (on_tpu,) if call in ("allreduce", "broadcast") else (*on_tpu,)
+        if call == "all_to_all_single":
+            args = (*args, [], [])
+        getattr(backend, call)(*args, _opts(options(), **fields)).wait()
+        return [t.cpu() for t in on_tpu]
+
+    for op, expected in [(dist.ReduceOp.SUM, x), (dist.ReduceOp.AVG, x), (dist.ReduceOp.MAX, x),
+                         (dist.ReduceOp.PRODUCT, x), (dist._make_nccl_premul_sum(0.5), x * 0.5)]:
+        torch.testing.assert_close(run("allreduce", x, reduceOp=op)[0], expected)
+    torch.testing.assert_close(run("broadcast", x, rootRank=0)[0], x)
+    out, _ = run("all_gather_single", torch.zeros(4, 3), x)
+    torch.testing.assert_close(out, x)
+    out, _ = run("reduce_scatter_single", torch.zeros(4, 3), x, reduceOp=dist.ReduceOp.SUM)
+    torch.testing.assert_close(out, x)
+    out, _ = run("all_to_all_single", torch.zeros(4, 3), x)
+    torch.testing.assert_close(out, x)
+    assert torchtpu.metrics()["collectives"] - before == 9
+
+
+def runtime_group():
+    """Each process's runtime joins the group through its store (`_C.join`,
+    what the default group's creation calls): here with the client told of
+    the group, as on GPUs (XLA:CPU ignores it). A late join, a process on
+    another platform and a missing process are clear errors."""
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world, rank == 0)
+
+    def join(prefix, timeout=30.0, tell_plugin=False):
+        return torchtpu._C.join(dist.PrefixStore(prefix, store), rank, world, rank, timeout, tell_plugin)
+
+    def refused(expected, prefix, **kwargs):
+        try:
+            join(prefix, **kwargs)
+        except RuntimeError as e:
+            assert expected in str(e), e
+        else:
+            raise AssertionError(f"joined {prefix}")
+
+    assert not torch.tpu.is_initialized()
+    assert join("first/", tell_plugin=True) == [0, 1]  # tpu:<local rank> of each
+    assert (torch.ones(3, device=f"tpu:{rank}") * 2).sum().item() == 6
+    refused("must come before the first use of the tpu device", "late/", tell_plugin=True)
+    if rank == 1:
+        dist.PrefixStore("other/", store).set("torchtpu/runtime/1", "0 cuda 12.9")  # a process on GPUs
+        return
+    refused("different PJRT platforms: process 0 runs cpu", "other/")
+    refused("meeting process 1 of the group's 2: DEADLINE_EXCEEDED", "missing/", timeout=0.5)
+    assert (torch.ones(3, device="tpu:0") * 2).sum().item() == 6  # still usable
 
 
 def _opts(options, **fields):

@@ -70,6 +70,10 @@ def test_collective_programs_over_the_devices_of_one_process_equal_gloo():
     launch("collective_programs", world=1, env={"TORCHTPU_DEVICE_COUNT": "4"})
 
 
+def test_processes_meet_through_the_groups_store():
+    launch("runtime_group")
+
+
 def test_registered_for_tpu_tensors():
     import torch.distributed as dist
 

@@ -39,6 +39,7 @@ fn main() {
         "csrc/dispatch.cpp",
         "csrc/graph.cpp",
         "csrc/kernel.cpp",
+        "csrc/store.cpp",
     ];
     cc::Build::new()
         .cpp(true)

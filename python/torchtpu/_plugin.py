@@ -32,6 +32,14 @@ def find_plugin():
     return cpu, cpu is not None
 
 
+def spans_processes():
+    """Whether the plugin's client is made for a torch.distributed group, each
+    process holding its local rank's device: the GPU plugins (libtpu finds a
+    TPU slice's hosts itself; XLA:CPU runs each process alone)."""
+    path, is_cpu = find_plugin()
+    return path is not None and not is_cpu and not os.path.basename(path).startswith("libtpu")
+
+
 def configure_plugin():
     path, is_cpu = find_plugin()
     if path is None:

@@ -13,18 +13,26 @@ members exchange a descriptor (sequence number, collective, dtype, sizes,
 root, reduce op); a difference raises the same error on every rank, and a
 missing collective runs into the group's timeout instead of hanging.
 
-Transport: PyTorch's gloo. On the CPU plugin, where device memory is the
-host's, gloo works in place on a tensor's buffer when nothing else holds it
-(an all_reduce of DDP's buckets); otherwise on host copies, each result
-written back as the tensor's new value. The collective programs of the core
-(XLA's own collectives, meant for the GPU and TPU plugins) are not used
-across processes yet: that needs a PJRT client made for several processes.
+Transport, chosen by platform:
+- On GPUs and TPUs, all_reduce, broadcast, all_gather_into_tensor,
+  reduce_scatter_tensor and all_to_all_single (even splits) are each one
+  XLA program over the group's devices (`torchtpu::collective`: NCCL or ICI
+  inside it). The default group's creation makes each process's PJRT client
+  for the whole group (`_C.join`, its processes meeting through the group's
+  store). The other collectives (list forms, reduce, gather, scatter,
+  uneven all_to_all, send/recv) go through gloo on host copies.
+- On the CPU plugin everything goes through PyTorch's gloo. Device memory is
+  the host's there, so gloo works in place on a tensor's buffer when nothing
+  else holds it (an all_reduce of DDP's buckets); otherwise on host copies,
+  each result written back as the tensor's new value.
 """
 import ctypes
 import datetime
+import os
 
 import torch
 import torch.distributed as dist
+from . import _C, _plugin
 from torch._C._distributed_c10d import (
     AllreduceOptions,
     AllToAllOptions,
@@ -38,6 +46,8 @@ from torch._C._distributed_c10d import (
 )
 
 NAME = "pjrt"
+# The global id of each process's device, by rank in the default group (`_C.join`).
+_world_devices = []
 
 _COLLECTIVES = ["broadcast", "allreduce", "reduce", "allgather", "all_gather_single", "gather", "scatter",
                 "reduce_scatter", "reduce_scatter_single", "all_to_all_single", "alltoall", "barrier",
@@ -45,6 +55,9 @@ _COLLECTIVES = ["broadcast", "allreduce", "reduce", "allgather", "all_gather_sin
 # A check's descriptor: sequence number, collective, dtype, elements, tensors, root,
 # reduce op, dimensions, the first 4 sizes.
 _DESCRIPTOR = 12
+# torch.distributed's reduce ops as the collective programs name them.
+_PROGRAM_OPS = {ReduceOp.SUM: "sum", ReduceOp.PRODUCT: "product", ReduceOp.MAX: "max", ReduceOp.MIN: "min",
+                ReduceOp.AVG: "avg", ReduceOp.PREMUL_SUM: "premul_sum"}
 _DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8, torch.uint8,
            torch.int16, torch.int32, torch.int64, torch.bool]
 
@@ -139,10 +152,13 @@ def _write(tensors, values):
 
 
 class TpuBackend(C10DBackend):
-    """The c10d backend of tpu tensors: gloo over host copies (CPU plugin)."""
+    """The c10d backend of tpu tensors. `devices`: the global device id of each
+    member, in rank order, where collectives run as XLA programs; None where
+    gloo carries them (the CPU plugin)."""
 
-    def __init__(self, store, rank, size, timeout, options=None):
+    def __init__(self, store, rank, size, timeout, devices=None, options=None):
         super().__init__(rank, size)
+        self._devices = devices
         self._options = options or C10DBackend.Options(NAME, timeout=timeout)
         self._gloo = dist.ProcessGroupGloo(dist.PrefixStore("gloo/", store), rank, size, timeout)
         self._seq = 0
@@ -213,6 +229,20 @@ class TpuBackend(C10DBackend):
 
     # -------------------------------------------------------------- reductions
 
+    def _program(self, kind, inputs, outputs, reduce_op=None, root=0):
+        """Runs the collective as one XLA program over the group's devices per
+        tensor. True if it did; False where gloo carries collectives."""
+        if self._devices is None:
+            return False
+        op, scale = "sum", 1.0
+        if reduce_op is not None:
+            op = _PROGRAM_OPS[reduce_op.op]
+            if reduce_op.op == ReduceOp.PREMUL_SUM:
+                scale = float(reduce_op.factor)
+        for i, o in zip(inputs, outputs):
+            torch.ops.torchtpu.collective(kind, op, scale, root, [], self._devices, [i], [o])
+        return True
+
     @staticmethod
     def _premul(values, reduce_op):
         """Scales PREMUL_SUM's values in place before gloo sums them (gloo has
@@ -253,6 +283,10 @@ class TpuBackend(C10DBackend):
 
     def broadcast(self, tensor_list, opts):
         agreed = self._check("broadcast", tensor_list, root=opts.rootRank)
+        if self._devices is not None:
+            agreed()
+            self._program("broadcast", tensor_list, tensor_list, root=opts.rootRank)
+            return _done(tensor_list)
         host, copied = self._in_place_or_copies(tensor_list)
         agreed()
         self._gloo.broadcast(host, self._opts(BroadcastOptions(), rootRank=opts.rootRank)).wait()
@@ -262,6 +296,10 @@ class TpuBackend(C10DBackend):
 
     def allreduce(self, tensor_list, opts):
         agreed = self._check("allreduce", tensor_list, op=opts.reduceOp)
+        if self._devices is not None:
+            agreed()
+            self._program("all_reduce", tensor_list, tensor_list, opts.reduceOp)
+            return _done(tensor_list)
         host, copied = self._in_place_or_copies(tensor_list)
         agreed()
         self._premul(host, opts.reduceOp)
@@ -300,6 +338,10 @@ class TpuBackend(C10DBackend):
 
     def all_gather_single(self, output, input, opts):
         agreed = self._check("all_gather_single", [input])
+        if self._devices is not None:
+            agreed()
+            self._program("all_gather", [input.reshape(-1)], [output.view(-1)])
+            return _done([output])
         out = self._staging.empty(output.shape, output.dtype)
         (inp,) = self._host([input])
         agreed()
@@ -346,6 +388,10 @@ class TpuBackend(C10DBackend):
 
     def reduce_scatter_single(self, output, input, opts):
         agreed = self._check("reduce_scatter_single", [output], op=opts.reduceOp)
+        if self._devices is not None:
+            agreed()
+            self._program("reduce_scatter", [input.reshape(-1)], [output.view(-1)], opts.reduceOp)
+            return _done([output])
         out = self._staging.empty(output.shape, output.dtype)
         inp = self._host([input])
         agreed()
@@ -363,6 +409,10 @@ class TpuBackend(C10DBackend):
 
     def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts):
         agreed = self._check("all_to_all_single", [input], sized=False)
+        if self._devices is not None and not output_split_sizes and not input_split_sizes:
+            agreed()
+            self._program("all_to_all", [input.reshape(-1)], [output.view(-1)])
+            return _done([output])
         out = self._staging.empty(output.shape, output.dtype)
         (inp,) = self._host([input])
         agreed()
@@ -410,7 +460,16 @@ def create(opts, backend_options):
     made without naming a CPU backend (`init_process_group()`: PyTorch then
     picks the accelerator's only) takes CPU tensors too, through the same gloo."""
     timeout = opts.timeout if opts.timeout is not None else datetime.timedelta(minutes=30)
-    backend = TpuBackend(opts.store, opts.group_rank, opts.group_size, timeout)
+    global _world_devices
+    if not dist.is_initialized():  # the default group: this process's runtime joins it
+        local = int(os.environ.get("LOCAL_RANK", opts.group_rank))
+        _world_devices = _C.join(dist.PrefixStore("torchtpu/", opts.store), opts.group_rank, opts.group_size,
+                                 local, timeout.total_seconds(), _plugin.spans_processes())
+    devices = None
+    if _C.platform()[0] != "cpu":
+        ranks = list(opts.global_ranks_in_group) or range(opts.group_size)
+        devices = [_world_devices[r] for r in ranks]
+    backend = TpuBackend(opts.store, opts.group_rank, opts.group_size, timeout, devices)
     group, cpu = opts.process_group, torch.device("cpu")
     try:
         group._get_backend(cpu)

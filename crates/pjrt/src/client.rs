@@ -13,6 +13,7 @@ use crate::error::{Error, Result};
 use crate::event::Event;
 use crate::executable::LoadedExecutable;
 use crate::ffi::{self, Args};
+use crate::kv::{self, KeyValueStore};
 use crate::named_value::NamedValue;
 use crate::{options, sys};
 
@@ -30,6 +31,8 @@ pub(crate) struct ClientInner {
     devices: Vec<DeviceInfo>,
     /// Its buffers are in host memory, so their device pointers can be read directly.
     pub(crate) host_memory: bool,
+    /// The store of a multi-process client, which its callbacks point at.
+    _store: Option<kv::Shared>,
 }
 
 // SAFETY: the PJRT C API is thread-safe for clients and everything they own.
@@ -44,6 +47,20 @@ impl Client {
     /// Creates a client with the plugin-specific `options` (the CPU plugin knows only
     /// `cpu_device_count`, default 4, and silently ignores unknown names).
     pub fn new(api: &'static Api, options: &[(&str, NamedValue)]) -> Result<Client> {
+        Self::create(api, options, None)
+    }
+
+    /// Creates a client of one of several processes, which meet through `store` (the
+    /// plugin's options say which process this is: `node_id` and `num_nodes` on GPUs).
+    pub fn with_store(
+        api: &'static Api,
+        options: &[(&str, NamedValue)],
+        store: Arc<dyn KeyValueStore>,
+    ) -> Result<Client> {
+        Self::create(api, options, Some(Box::new(store)))
+    }
+
+    fn create(api: &'static Api, options: &[(&str, NamedValue)], store: Option<kv::Shared>) -> Result<Client> {
         for (name, value) in options {
             if INT64_OPTIONS.contains(name) && !matches!(value, NamedValue::Int64(_)) {
                 return Err(Error::invalid_argument(format!("client option {name} must be an Int64, got {value:?}")));
@@ -53,7 +70,11 @@ impl Client {
         let mut args = sys::PJRT_Client_Create_Args::zeroed();
         args.create_options = raw_options.as_ptr();
         args.num_options = raw_options.len();
-        // SAFETY: the options borrow `options`, alive for the call.
+        if let Some(store) = &store {
+            kv::install(&mut args, store);
+        }
+        // SAFETY: the options borrow `options`, alive for the call; the store lives
+        // with the client.
         unsafe { call!(api, PJRT_Client_Create, &mut args) }?;
         let raw = NonNull::new(args.client).ok_or_else(|| no_result(api, "client"))?;
         // Owned from here on, so that an error below still destroys it.
@@ -64,6 +85,7 @@ impl Client {
             platform_version: String::new(),
             devices: Vec::new(),
             host_memory: false,
+            _store: store,
         };
         inner.describe()?;
         Ok(Client { inner: Arc::new(inner) })

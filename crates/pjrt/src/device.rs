@@ -17,6 +17,7 @@ pub struct Device<'c> {
 pub(crate) struct DeviceInfo {
     pub(crate) raw: *mut sys::PJRT_Device,
     id: i32,
+    local_hardware_id: i32,
     kind: String,
     debug_string: String,
 }
@@ -32,6 +33,8 @@ impl DeviceInfo {
         let mut id = sys::PJRT_DeviceDescription_Id_Args::zeroed();
         let mut kind = sys::PJRT_DeviceDescription_Kind_Args::zeroed();
         let mut debug = sys::PJRT_DeviceDescription_DebugString_Args::zeroed();
+        let mut hardware = sys::PJRT_Device_LocalHardwareId_Args::zeroed();
+        hardware.device = raw;
         // SAFETY: the device belongs to a live client; the returned strings are owned by
         // its description and copied before returning.
         unsafe {
@@ -42,9 +45,11 @@ impl DeviceInfo {
             call!(api, PJRT_DeviceDescription_Id, &mut id)?;
             call!(api, PJRT_DeviceDescription_Kind, &mut kind)?;
             call!(api, PJRT_DeviceDescription_DebugString, &mut debug)?;
+            call!(api, PJRT_Device_LocalHardwareId, &mut hardware)?;
             Ok(DeviceInfo {
                 raw,
                 id: id.id,
+                local_hardware_id: hardware.local_hardware_id,
                 kind: ffi::string(kind.device_kind, kind.device_kind_size),
                 debug_string: ffi::string(debug.debug_string, debug.debug_string_size),
             })
@@ -64,6 +69,12 @@ impl<'c> Device<'c> {
     /// The device's global id.
     pub fn id(self) -> i32 {
         self.info.id
+    }
+
+    /// The device's number on its host (a GPU's CUDA ordinal), or -1 where the
+    /// plugin has none.
+    pub fn local_hardware_id(self) -> i32 {
+        self.info.local_hardware_id
     }
 
     /// The device kind, e.g. `"cpu"`.

@@ -57,6 +57,7 @@ impl_args! {
     PJRT_Device_MemoryStats_Args => PJRT_Device_MemoryStats_Args_STRUCT_SIZE,
     PJRT_Program => PJRT_Program_STRUCT_SIZE,
     PJRT_Device_GetDescription_Args => PJRT_Device_GetDescription_Args_STRUCT_SIZE,
+    PJRT_Device_LocalHardwareId_Args => PJRT_Device_LocalHardwareId_Args_STRUCT_SIZE,
     PJRT_DeviceDescription_Id_Args => PJRT_DeviceDescription_Id_Args_STRUCT_SIZE,
     PJRT_DeviceDescription_Kind_Args => PJRT_DeviceDescription_Kind_Args_STRUCT_SIZE,
     PJRT_DeviceDescription_DebugString_Args => PJRT_DeviceDescription_DebugString_Args_STRUCT_SIZE,

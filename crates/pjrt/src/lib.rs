@@ -38,6 +38,7 @@ mod error;
 mod event;
 mod executable;
 mod ffi;
+mod kv;
 mod named_value;
 mod options;
 
@@ -63,4 +64,5 @@ pub use element_type::ElementType;
 pub use error::{Error, Result};
 pub use event::Event;
 pub use executable::LoadedExecutable;
+pub use kv::KeyValueStore;
 pub use named_value::NamedValue;

@@ -205,6 +205,26 @@ void tt_kernel_table_put(int64_t table, void* args, int64_t kernel);
 // error set when no recorded signature matches, NULL with one set on failure.
 void* tt_kernel_table_call(int64_t table, void* args);
 
+// Implemented by the adapter (store.cpp): a torch.distributed Store (c10d),
+// through which the processes of a multi-process PJRT client meet. Adopting
+// takes a reference to the Python object's store (the GIL held), or returns
+// NULL if it is not one; the other calls need no GIL.
+void* tt_store_adopt(void* store_object);
+void tt_store_release(void* store);
+enum {
+  TT_STORE_MISSING = 1,  // try_get: no such key
+  TT_STORE_TIMEOUT = 2,  // get: none put within the timeout
+  TT_STORE_FAILED = 3,
+};
+// Each returns 0 or a TT_STORE_* code; `*bytes` then holds the value, or the
+// error's message, freed by tt_store_free.
+int32_t tt_store_get(void* store, const char* key, size_t key_size, int64_t timeout_ms, char** bytes,
+                     size_t* size);
+int32_t tt_store_try_get(void* store, const char* key, size_t key_size, char** bytes, size_t* size);
+int32_t tt_store_put(void* store, const char* key, size_t key_size, const char* value, size_t value_size,
+                     char** bytes, size_t* size);
+void tt_store_free(char* bytes);
+
 #ifdef __cplusplus
 }
 #endif

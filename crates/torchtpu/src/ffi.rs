@@ -56,7 +56,38 @@ extern "C" {
     pub fn tt_kernel_table_new() -> i64;
     pub fn tt_kernel_table_put(table: i64, args: *mut c_void, kernel: i64);
     pub fn tt_kernel_table_call(table: i64, args: *mut c_void) -> *mut c_void;
+    pub fn tt_store_adopt(store_object: *mut c_void) -> *mut c_void;
+    pub fn tt_store_release(store: *mut c_void);
+    pub fn tt_store_get(
+        store: *mut c_void,
+        key: *const c_char,
+        key_size: usize,
+        timeout_ms: i64,
+        bytes: *mut *mut c_char,
+        size: *mut usize,
+    ) -> i32;
+    pub fn tt_store_try_get(
+        store: *mut c_void,
+        key: *const c_char,
+        key_size: usize,
+        bytes: *mut *mut c_char,
+        size: *mut usize,
+    ) -> i32;
+    pub fn tt_store_put(
+        store: *mut c_void,
+        key: *const c_char,
+        key_size: usize,
+        value: *const c_char,
+        value_size: usize,
+        bytes: *mut *mut c_char,
+        size: *mut usize,
+    ) -> i32;
+    pub fn tt_store_free(bytes: *mut c_char);
 }
+
+// The adapter's store answers (`TT_STORE_*` in csrc/ffi.h).
+pub const TT_STORE_MISSING: i32 = 1;
+pub const TT_STORE_TIMEOUT: i32 = 2;
 
 thread_local! {
     static LAST_ERROR: RefCell<CString> = RefCell::new(CString::default());

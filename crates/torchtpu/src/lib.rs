@@ -29,5 +29,6 @@ mod python;
 pub mod runtime;
 pub mod simplify;
 pub mod storage;
+pub mod store;
 pub mod trace;
 pub mod view;

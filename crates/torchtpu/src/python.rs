@@ -40,6 +40,37 @@ fn init() -> PyResult<String> {
     Ok(format!("{} ({})", rt.client.platform_name(), rt.plugin.display()))
 }
 
+/// Starts the runtime as process `node_id` of `num_nodes`, holding local
+/// device `local_device`, the processes meeting through `store` (a
+/// torch.distributed Store) within `timeout` seconds; the global id of each
+/// one's device (`runtime::join`). `tell_plugin`: the PJRT client is made for
+/// the group (GPUs).
+#[pyfunction]
+fn join(
+    py: Python<'_>,
+    store: &Bound<'_, PyAny>,
+    node_id: i64,
+    num_nodes: i64,
+    local_device: i64,
+    timeout: f64,
+    tell_plugin: bool,
+) -> PyResult<Vec<i64>> {
+    // SAFETY: `store` is a live object and the GIL is held.
+    let store = unsafe { crate::store::GroupStore::adopt(store.as_ptr().cast()) }.map_err(py_err)?;
+    let group = runtime::Group { node_id, num_nodes, local_device, store: std::sync::Arc::new(store), tell_plugin };
+    // The processes meet while the client is made; the store may need the GIL.
+    let timeout = std::time::Duration::from_secs_f64(timeout.max(0.0));
+    py.detach(|| runtime::join(group, timeout)).map_err(py_err)
+}
+
+/// The global id of device `index`: what a collective program over several
+/// processes' devices names it by.
+#[pyfunction]
+fn device_id(index: usize) -> PyResult<i64> {
+    let rt = runtime::get().map_err(py_err)?;
+    Ok(rt.device(index).map_err(py_err)?.id() as i64)
+}
+
 #[pyfunction]
 fn is_initialized() -> bool {
     runtime::started()
@@ -242,6 +273,8 @@ fn bucket(s: i64) -> i64 {
 fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(configure, m)?)?;
     m.add_function(wrap_pyfunction!(device_count, m)?)?;
+    m.add_function(wrap_pyfunction!(join, m)?)?;
+    m.add_function(wrap_pyfunction!(device_id, m)?)?;
     m.add_function(wrap_pyfunction!(init, m)?)?;
     m.add_function(wrap_pyfunction!(is_initialized, m)?)?;
     m.add_function(wrap_pyfunction!(device_name, m)?)?;
