@@ -2,7 +2,8 @@
 
 1. all_reduce bandwidth of tpu tensors through the "pjrt" backend vs gloo on
    CPU tensors of the same group, 1 KB to 64 MB (algorithm bandwidth: bytes
-   reduced per second; the best of 3 rounds);
+   reduced per second; the best of 3 rounds), and the same for
+   all_gather_into_tensor (FSDP2's collective; bytes of each process's input);
 2. a DDP training step of the MLP of examples/workloads.py (batch 128 per
    process) on 2 processes vs the same step in 1 process.
 
@@ -40,26 +41,32 @@ def _worker(mode):
     dist.init_process_group()
     device = torch.device("tpu", int(os.environ["LOCAL_RANK"]))
     torch.tpu.set_device(device)
-    if mode == "allreduce":
-        print("all_reduce, 2 processes      tpu (pjrt) MB/s   gloo CPU MB/s   ratio")
-        for size in SIZES:
-            n = size // 4
-            reps = max(8, min(200, (1 << 26) // size))
-            best = {"tpu": 0.0, "cpu": 0.0}
-            for _ in range(3):  # the best of 3 rounds, tpu and CPU alternating: the machine is shared
-                for dev in best:
-                    x = torch.ones(n, device=device if dev == "tpu" else "cpu")
-                    dist.all_reduce(x)
-                    if dev == "tpu":
-                        torch.tpu.synchronize()
-                    start = time.perf_counter()
-                    for _ in range(reps):
-                        dist.all_reduce(x)
-                    if dev == "tpu":
-                        torch.tpu.synchronize()
-                    best[dev] = max(best[dev], size * reps / (time.perf_counter() - start) / 1e6)
-            tpu, cpu = best["tpu"], best["cpu"]
-            print(f"  {size / 1024:10.0f} KB            {tpu:10.1f}      {cpu:10.1f}   {tpu / cpu:5.2f}x")
+    if mode == "collectives":
+        collectives = {
+            "all_reduce": lambda x, out: dist.all_reduce(x),
+            "all_gather_into_tensor": lambda x, out: dist.all_gather_into_tensor(out, x),
+        }
+        for name, call in collectives.items():
+            print(f"{name}, 2 processes   tpu (pjrt) MB/s   gloo CPU MB/s   ratio")
+            for size in SIZES:
+                n = size // 4
+                reps = max(8, min(200, (1 << 26) // size))
+                best = {"tpu": 0.0, "cpu": 0.0}
+                for _ in range(3):  # the best of 3 rounds, tpu and CPU alternating: the machine is shared
+                    for dev in best:
+                        on = device if dev == "tpu" else "cpu"
+                        x, out = torch.ones(n, device=on), torch.empty(2 * n, device=on)
+                        call(x, out)
+                        if dev == "tpu":
+                            torch.tpu.synchronize()
+                        start = time.perf_counter()
+                        for _ in range(reps):
+                            call(x, out)
+                        if dev == "tpu":
+                            torch.tpu.synchronize()
+                        best[dev] = max(best[dev], size * reps / (time.perf_counter() - start) / 1e6)
+                tpu, cpu = best["tpu"], best["cpu"]
+                print(f"  {size / 1024:10.0f} KB            {tpu:10.1f}      {cpu:10.1f}   {tpu / cpu:5.2f}x")
     else:
         sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
         from workloads import mlp_model
@@ -85,7 +92,7 @@ def _worker(mode):
 
 
 def main():
-    print(_launch(2, "allreduce"), end="")
+    print(_launch(2, "collectives"), end="")
     one, two = float(_launch(1, "ddp")), float(_launch(2, "ddp"))
     print(f"DDP step, MLP, batch 128 per process: 1 process {one:.1f} ms, 2 processes {two:.1f} ms "
           f"({two / one:.2f}x the time for 2x the samples)")

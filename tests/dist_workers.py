@@ -64,6 +64,26 @@ def collectives():
                                   x.repeat(world, 1))
         _same(tpu, cpu, f"reduce_scatter_tensor {dtype}")
 
+    # gloo writes in place into an output's buffer only where nothing else sees
+    # it: `kept` shares the first output's buffer and keeps its value; an input
+    # inside its output (FSDP2's all-gather) is read before the output is written.
+    x = torch.randn(5, 3, generator=g)
+    expected = torch.zeros(5 * world, 3)
+    dist.all_gather_into_tensor(expected, x)
+    out = torch.full((5 * world, 3), -1.0, device=device)
+    kept = torch.empty_like(out).copy_(out)
+    for _ in range(2):  # a second call may reuse the buffer the first wrote
+        x_tpu = x.to(device)
+        before = torchtpu.metrics()["transfers_to_host"]
+        dist.all_gather_into_tensor(out, x_tpu)
+        assert torchtpu.metrics()["transfers_to_host"] == before, "gloo got copies"
+        _same(out, expected, "all_gather_into_tensor in place")
+    _same(kept, torch.full((5 * world, 3), -1.0), "a tensor sharing the output's buffer")
+    inside = torch.zeros(5 * world, 3, device=device)
+    inside[5 * rank:5 * (rank + 1)] = x.to(device)
+    dist.all_gather_into_tensor(inside, inside[5 * rank:5 * (rank + 1)])
+    _same(inside, expected, "all_gather_into_tensor of a slice of its output")
+
     x = torch.randn(4, 2, generator=g)
     outs_tpu = [torch.zeros(4, 2, device=device) for _ in range(world)]
     outs_cpu = [torch.zeros(4, 2) for _ in range(world)]

@@ -165,3 +165,19 @@ def test_generation_compiles_the_same_programs_for_8_24_and_64_tokens(tmp_path):
     first, *later = r["compilations"]
     assert later == [first] * 3, r
     assert r["sampled"][0] == 31, r
+
+
+def test_a_bucketed_value_is_unpadded_once_for_its_readers(tmp_path):
+    """A value computed in its bucket's padded shape, read by the host three
+    times: its unpadded copy becomes the storage's value at the first read."""
+    r = run("""
+        import json, torch, torchtpu
+        unpads, values = [], []
+        for n in (37, 45, 33):  # the 2nd and 3rd sizes run the bucketed program
+            x = torch.arange(n, device="tpu", dtype=torch.float32) * 2
+            before = torchtpu.metrics()["unpads"]
+            values.append([x.cpu().tolist() == [2.0 * i for i in range(n)] for _ in range(3)])
+            unpads.append(torchtpu.metrics()["unpads"] - before)
+        print(json.dumps({"unpads": unpads, "values": values, "runs": torchtpu.metrics()["bucketed_runs"]}))
+    """, TORCHTPU_CACHE_DIR=str(tmp_path))
+    assert r["runs"] == 2 and r["unpads"] == [0, 1, 1] and all(map(all, r["values"])), r

@@ -265,16 +265,19 @@ class TpuBackend(C10DBackend):
         """gloo's op for `reduce_op`: AVG and PREMUL_SUM are sums (see `_premul`)."""
         return ReduceOp.SUM if reduce_op.op in (ReduceOp.AVG, ReduceOp.PREMUL_SUM) else reduce_op.op
 
-    def _in_place_or_copies(self, tensors):
+    def _in_place_or_copies(self, tensors, access="read_write"):
         """(host tensors for gloo, whether they are copies to write back): CPU
-        tensors over the tpu tensors' own memory where gloo may work in place
-        (the CPU plugin, where that memory is the host's, and only tensors
-        whose buffer nothing else holds), else host copies."""
+        tensors over the tpu tensors' own memory where gloo may use it in place
+        (the CPU plugin, where that memory is the host's; `torchtpu::host_alias`
+        says when, for `access`: "read_write", "read" or "write"), else host
+        copies (for "write", host buffers of their shape)."""
         views = []
         for t in tensors:
-            address = torch.ops.torchtpu.host_alias(t) if t.numel() else 0
+            address = torch.ops.torchtpu.host_alias(t, access) if t.numel() else 0
             if not address:
-                return self._host(tensors), True
+                if access == "write":
+                    return [self._staging.empty(t.shape, t.dtype) for t in tensors], True
+                return self._host(tensors), access != "read"
             memory = (ctypes.c_char * t.nbytes).from_address(address)
             views.append(torch.frombuffer(memory, dtype=t.dtype).view(t.shape))
         return self._staging.pin(views), False
@@ -342,11 +345,12 @@ class TpuBackend(C10DBackend):
             agreed()
             self._program("all_gather", [input.reshape(-1)], [output.view(-1)])
             return _done([output])
-        out = self._staging.empty(output.shape, output.dtype)
-        (inp,) = self._host([input])
+        (inp,), _ = self._in_place_or_copies([input], "read")
+        (out,), copied = self._in_place_or_copies([output], "write")
         agreed()
         self._gloo._allgather_base(out, inp).wait()
-        _write([output], [out])
+        if copied:
+            _write([output], [out])
         return _done([output])
 
     def all_gather_single_coalesced(self, outputs, inputs, opts):
@@ -392,14 +396,15 @@ class TpuBackend(C10DBackend):
             agreed()
             self._program("reduce_scatter", [input.reshape(-1)], [output.view(-1)], opts.reduceOp)
             return _done([output])
-        out = self._staging.empty(output.shape, output.dtype)
-        inp = self._host([input])
+        inp = self._host([input])  # gloo and PREMUL_SUM may change it
+        (out,), copied = self._in_place_or_copies([output], "write")
         agreed()
         self._premul(inp, opts.reduceOp)
         gloo_opts = self._opts(ReduceScatterOptions(), reduceOp=self._gloo_op(opts.reduceOp))
         self._gloo._reduce_scatter_base(out, inp[0], gloo_opts).wait()
         self._average([out], opts.reduceOp)
-        _write([output], [out])
+        if copied:
+            _write([output], [out])
         return _done([output])
 
     def reduce_scatter_single_coalesced(self, outputs, inputs, opts):
@@ -413,11 +418,12 @@ class TpuBackend(C10DBackend):
             agreed()
             self._program("all_to_all", [input.reshape(-1)], [output.view(-1)])
             return _done([output])
-        out = self._staging.empty(output.shape, output.dtype)
-        (inp,) = self._host([input])
+        (inp,), _ = self._in_place_or_copies([input], "read")
+        (out,), copied = self._in_place_or_copies([output], "write")
         agreed()
         self._gloo.alltoall_base(out, inp, output_split_sizes, input_split_sizes, AllToAllOptions()).wait()
-        _write([output], [out])
+        if copied:
+            _write([output], [out])
         return _done([output])
 
     def alltoall(self, output_tensors, input_tensors, opts):

@@ -190,6 +190,21 @@ impl Client {
         Ok(buffer)
     }
 
+    /// A new buffer on `device` whose contents are whatever its memory held: for a
+    /// result written into it in place (see [`Buffer::host_address`]).
+    pub fn uninitialized_buffer(&self, ty: ElementType, dims: &[i64], device: Device<'_>) -> Result<Buffer> {
+        self.inner.check_device(device)?;
+        let mut args = sys::PJRT_Client_CreateUninitializedBuffer_Args::zeroed();
+        args.client = self.inner.raw.as_ptr();
+        args.shape_dims = dims.as_ptr();
+        args.shape_num_dims = dims.len();
+        args.shape_element_type = ty.into();
+        args.device = device.raw();
+        // SAFETY: `dims` outlives the call.
+        unsafe { call!(self.inner.api, PJRT_Client_CreateUninitializedBuffer, &mut args) }?;
+        Buffer::from_raw(self.inner.clone(), args.buffer)
+    }
+
     /// What the device's allocator reports; fields a plugin does not track are `None`
     /// (the CPU plugin implements none of this: UNIMPLEMENTED).
     pub fn memory_stats(&self, device: Device<'_>) -> Result<MemoryStats> {

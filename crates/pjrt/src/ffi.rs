@@ -58,6 +58,7 @@ impl_args! {
     PJRT_Program => PJRT_Program_STRUCT_SIZE,
     PJRT_Device_GetDescription_Args => PJRT_Device_GetDescription_Args_STRUCT_SIZE,
     PJRT_Device_LocalHardwareId_Args => PJRT_Device_LocalHardwareId_Args_STRUCT_SIZE,
+    PJRT_Client_CreateUninitializedBuffer_Args => PJRT_Client_CreateUninitializedBuffer_Args_STRUCT_SIZE,
     PJRT_DeviceDescription_Id_Args => PJRT_DeviceDescription_Id_Args_STRUCT_SIZE,
     PJRT_DeviceDescription_Kind_Args => PJRT_DeviceDescription_Kind_Args_STRUCT_SIZE,
     PJRT_DeviceDescription_DebugString_Args => PJRT_DeviceDescription_DebugString_Args_STRUCT_SIZE,

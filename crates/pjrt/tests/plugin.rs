@@ -248,3 +248,14 @@ fn replicated_programs_run_collectives_across_devices() {
     }
     assert!(exe.execute_replicated(&[vec![&a]]).is_err());
 }
+
+#[test]
+fn an_uninitialized_buffer_takes_what_is_written_at_its_host_address() {
+    let client = client();
+    let device = client.addressable_devices()[0];
+    let buffer = client.uninitialized_buffer(ElementType::F32, &[3], device).unwrap();
+    let address = buffer.host_address().expect("the CPU plugin's memory is the host's").cast::<f32>();
+    // SAFETY: three f32s, the buffer's own, which no computation uses.
+    unsafe { std::ptr::copy_nonoverlapping([1.5f32, -2.0, 4.0].as_ptr(), address, 3) };
+    assert_eq!(download(&buffer), [1.5, -2.0, 4.0]);
+}

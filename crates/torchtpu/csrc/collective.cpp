@@ -29,10 +29,11 @@ void collective(c10::string_view kind, c10::string_view op, double scale, int64_
                       static_cast<int64_t>(ins.size())));
 }
 
-int64_t host_alias(const at::Tensor& self) {
+int64_t host_alias(const at::Tensor& self, c10::string_view access) {
   const TtTensor t = describe(self);
+  const std::string a(access);
   uint64_t address = 0;
-  check(tt_host_alias(&t, &address));
+  check(tt_host_alias(&t, a.c_str(), &address));
   return static_cast<int64_t>(address);
 }
 
@@ -43,7 +44,7 @@ TORCH_LIBRARY_FRAGMENT(torchtpu, m) {
         "Tensor(a!)[] outputs) -> ()");
   m.impl("collective", c10::DispatchKey::PrivateUse1, TORCH_FN(collective));
   // The host address of a tpu tensor's elements for gloo to work on in place, or 0.
-  m.def("host_alias(Tensor self) -> int");
+  m.def("host_alias(Tensor self, str access) -> int");
   m.impl("host_alias", c10::DispatchKey::PrivateUse1, TORCH_FN(host_alias));
 }
 

@@ -156,9 +156,9 @@ int tt_collective(const char* kind, const char* op, double scale, int64_t root, 
                   int64_t npairs, const int64_t* devices, int64_t ndevices, const TtTensor* inputs,
                   const TtTensor* outputs, int64_t n);
 
-// The host address of the tensor's elements for gloo to write in place, or 0
-// (see collective.rs: host_alias).
-int tt_host_alias(const TtTensor* tensor, uint64_t* address);
+// The host address of the tensor's elements for gloo to work on in place, or
+// 0; access: "read_write", "read" or "write" (see collective.rs: host_alias).
+int tt_host_alias(const TtTensor* tensor, const char* access, uint64_t* address);
 
 int tt_device_count(int32_t* count);
 int tt_synchronize(int32_t device);

@@ -144,25 +144,66 @@ pub fn run(call: &Call, inputs: &[Tensor], outputs: &[Tensor]) -> Result<()> {
     Ok(())
 }
 
+/// What a host library (gloo) does with a tensor's memory.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Access {
+    /// Reads it and writes the result in its place.
+    ReadWrite,
+    /// Only reads it.
+    Read,
+    /// Overwrites all of it without reading it.
+    Write,
+}
+
+impl Access {
+    pub fn parse(name: &str) -> Result<Access> {
+        match name {
+            "read_write" => Ok(Access::ReadWrite),
+            "read" => Ok(Access::Read),
+            "write" => Ok(Access::Write),
+            _ => Err(Error::value(format!("torchtpu: unknown host access {name:?}"))),
+        }
+    }
+}
+
 /// The host address of `t`'s elements, for gloo to work on in place, where
-/// the device's memory is the host's: only when `t` covers its whole storage
-/// and the storage alone holds its computed buffer (so no other tensor, trace
-/// or plan sees the write). Waits for the computations issued so far, which
-/// may still be reading the buffer. None where that does not hold: the
-/// caller copies.
-pub fn host_alias(t: &Tensor) -> Result<Option<usize>> {
+/// the device's memory is the host's. Only when `t` covers its whole storage;
+/// then, by `access`:
+/// - `Read`: its computed buffer (after the computations issued so far,
+///   which may still be writing it);
+/// - `ReadWrite`: the same, if the storage alone holds it (so no other
+///   tensor, trace or plan sees the write);
+/// - `Write`: that buffer where `ReadWrite` would take it and it is already
+///   computed, else a new uninitialized buffer made the storage's value
+///   (what it held before is not read).
+///
+/// None where that does not hold: the caller copies.
+pub fn host_alias(t: &Tensor, access: Access) -> Result<Option<usize>> {
     let Some(storage) = t.storage else { return Ok(None) };
-    let whole = t.view().is_whole(storage.nbytes / t.dtype.size() as i64);
-    let Some(value) = storage.value() else { return Ok(None) };
-    // Computing a pending value leaves the storage its only holder.
-    drop(exec::resolve(&value, Reason::HostRead)?);
-    drop(value);
-    let Some(Value::Ready(buf)) = storage.value() else { return Ok(None) };
-    // Two holders: the storage's slot and `buf` here.
-    if !whole || buf.ty.dtype != t.dtype || buf.padded.is_some() || Arc::strong_count(&buf) != 2 {
+    if !t.view().is_whole(storage.nbytes / t.dtype.size() as i64) {
         return Ok(None);
     }
-    let Some(address) = buf.buf.host_address() else { return Ok(None) };
-    exec::synchronize()?;
+    if access != Access::Write {
+        // Computing a pending value leaves the storage its only holder.
+        drop(exec::storage_buffer(storage, Reason::HostRead)?);
+    }
+    if let Some(Value::Ready(buf)) = storage.value() {
+        // Two holders: the storage's slot and `buf` here.
+        let alone = Arc::strong_count(&buf) == 2;
+        if buf.ty.dtype == t.dtype && buf.padded.is_none() && (access == Access::Read || alone) {
+            if let Some(address) = buf.buf.host_address() {
+                exec::synchronize()?;
+                return Ok(Some(address as usize));
+            }
+        }
+    }
+    if access != Access::Write {
+        return Ok(None);
+    }
+    let (rt, device) = (runtime::get()?, t.device.unwrap_or(0));
+    let raw = rt.client.uninitialized_buffer(t.dtype.element_type(), t.sizes, rt.device(device)?)?;
+    let Some(address) = raw.host_address() else { return Ok(None) };
+    // Issued work may still read the storage's old value, never this buffer.
+    storage.set(Value::Ready(DeviceBuffer::new(raw, Ty::new(t.dtype, t.sizes), device)));
     Ok(Some(address as usize))
 }

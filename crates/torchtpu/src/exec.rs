@@ -371,22 +371,46 @@ pub fn tensor_at<'a>(args: &'a [Arg<'a>], arg: usize, item: usize) -> Result<Ten
 /// The buffer holding `value`, running the fused trace first if it has
 /// not been computed yet.
 pub fn resolve(value: &Value, reason: Reason) -> Result<Arc<DeviceBuffer>> {
-    let buf = match value.buffer() {
-        Some(b) => b?,
+    crate::bounded::unpad(&computed(value, reason)?)
+}
+
+/// `value`'s buffer as computed (padded where a bucketed program made it).
+fn computed(value: &Value, reason: Reason) -> Result<Arc<DeviceBuffer>> {
+    match value.buffer() {
+        Some(b) => b,
         None => {
             trace::flush(reason)?;
-            value.buffer().unwrap_or_else(|| Err(Error::runtime("torchtpu: a pending value was not computed")))?
+            value.buffer().unwrap_or_else(|| Err(Error::runtime("torchtpu: a pending value was not computed")))
         }
-    };
-    crate::bounded::unpad(&buf)
+    }
+}
+
+/// The buffer of `storage`'s value, computed and unpadded. A padded buffer's
+/// unpadded copy becomes the storage's value, so that later readers other
+/// than bucketed programs (host reads, strict mode, collectives) do not copy
+/// it again.
+pub fn storage_buffer(storage: &Storage, reason: Reason) -> Result<Option<Arc<DeviceBuffer>>> {
+    let Some(value) = storage.value() else { return Ok(None) };
+    let buf = computed(&value, reason)?;
+    drop(value);
+    if buf.padded.is_none() {
+        return Ok(Some(buf));
+    }
+    let unpadded = crate::bounded::unpad(&buf)?;
+    storage.exchange(&buf, unpadded.clone());
+    Ok(Some(unpadded))
 }
 
 pub fn input(plan: &Plan, input: &Input, args: &[Arg], device: usize) -> Result<Arc<DeviceBuffer>> {
     match *input {
         Input::Constant(k) => Ok(plan.constants[k].clone()),
         Input::Storage { arg, item } => {
-            let value = tensor_at(args, arg, item)?.storage.and_then(|s| s.value());
-            resolve(&value.ok_or_else(|| Error::runtime("torchtpu: a storage lost its value"))?, Reason::Mode)
+            let storage = tensor_at(args, arg, item)?.storage;
+            let buf = match storage {
+                Some(s) => storage_buffer(s, Reason::Mode)?,
+                None => None,
+            };
+            buf.ok_or_else(|| Error::runtime("torchtpu: a storage lost its value"))
         }
         Input::Host { arg, item } => {
             let t = tensor_at(args, arg, item)?;
@@ -614,19 +638,20 @@ static CONTIGUOUS: LazyLock<OpDef> = LazyLock::new(|| lower::internal("torchtpu:
 /// storage's buffer itself where that holds the same elements; of exactly
 /// `t`'s shape if `exact`), for the host to read.
 pub fn contiguous(t: &Tensor, device: usize, exact: bool) -> Result<Arc<DeviceBuffer>> {
-    let value = match t.storage.and_then(|s| s.value()) {
-        Some(v)
+    let buf = match t.storage.and_then(|s| s.value().map(|v| (s, v))) {
+        Some((storage, v))
             if v.ty().dtype == t.dtype && t.view().is_whole(v.ty().numel()) && (!exact || v.ty().shape == t.sizes) =>
         {
-            v
+            drop(v);
+            storage_buffer(storage, Reason::HostRead)?
+                .ok_or_else(|| Error::runtime("torchtpu: a storage lost its value"))?
         }
         _ => {
             let args = [Arg::Tensor(*t), Arg::None];
             let plan = plan(&CONTIGUOUS, &args, device)?;
-            apply(&plan, "copy", &args, device)?.remove(0)
+            resolve(&apply(&plan, "copy", &args, device)?.remove(0), Reason::HostRead)?
         }
     };
-    let buf = resolve(&value, Reason::HostRead)?;
     trace::verify_checks()?;
     Ok(buf)
 }

@@ -507,10 +507,11 @@ pub unsafe extern "C" fn tt_collective(
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn tt_host_alias(tensor: *const TtTensor, address: *mut u64) -> i32 {
+pub unsafe extern "C" fn tt_host_alias(tensor: *const TtTensor, access: *const c_char, address: *mut u64) -> i32 {
     guard(|| {
+        let access = collective::Access::parse(str_arg(access))?;
         let alias = match args::tensor(&*tensor)? {
-            Some(t) => collective::host_alias(&t)?,
+            Some(t) => collective::host_alias(&t, access)?,
             None => None,
         };
         *address = alias.unwrap_or(0) as u64;
