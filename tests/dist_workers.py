@@ -468,9 +468,10 @@ def backend_programs():
 
 def runtime_group():
     """Each process's runtime joins the group through its store (`_C.join`,
-    what the default group's creation calls): here with the client told of
-    the group, as on GPUs (XLA:CPU ignores it). A late join, a process on
-    another platform and a missing process are clear errors."""
+    what the default group's creation calls). Rank 0's client is made for the
+    group, as on GPUs (XLA:CPU ignores it), and a group made again finds it;
+    rank 1 used the device first, so that such a join is refused. A process
+    on another platform and a missing one are clear errors."""
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world, rank == 0)
 
@@ -485,10 +486,13 @@ def runtime_group():
         else:
             raise AssertionError(f"joined {prefix}")
 
-    assert not torch.tpu.is_initialized()
-    assert join("first/", tell_plugin=True) == [0, 1]  # tpu:<local rank> of each
+    if rank == 1:
+        assert (torch.ones(3, device="tpu:1") * 2).sum().item() == 6
+    assert join("first/", tell_plugin=rank == 0) == [0, 1]  # tpu:<local rank> of each
+    if rank == 1:
+        refused("must come before the first use of the tpu device", "late/", tell_plugin=True)
+    assert join("again/", tell_plugin=rank == 0) == [0, 1]
     assert (torch.ones(3, device=f"tpu:{rank}") * 2).sum().item() == 6
-    refused("must come before the first use of the tpu device", "late/", tell_plugin=True)
     if rank == 1:
         dist.PrefixStore("other/", store).set("torchtpu/runtime/1", "0 cuda 12.9")  # a process on GPUs
         return

@@ -32,7 +32,6 @@ import os
 
 import torch
 import torch.distributed as dist
-from . import _C, _plugin
 from torch._C._distributed_c10d import (
     AllreduceOptions,
     AllToAllOptions,
@@ -44,6 +43,8 @@ from torch._C._distributed_c10d import (
     ReduceScatterOptions,
     ScatterOptions,
 )
+
+from . import _C, _plugin
 
 NAME = "pjrt"
 # The global id of each process's device, by rank in the default group (`_C.join`).
@@ -230,10 +231,8 @@ class TpuBackend(C10DBackend):
     # -------------------------------------------------------------- reductions
 
     def _program(self, kind, inputs, outputs, reduce_op=None, root=0):
-        """Runs the collective as one XLA program over the group's devices per
-        tensor. True if it did; False where gloo carries collectives."""
-        if self._devices is None:
-            return False
+        """Runs the collective as one XLA program over the group's devices, per
+        tensor (GPUs and TPUs: `self._devices` set)."""
         op, scale = "sum", 1.0
         if reduce_op is not None:
             op = _PROGRAM_OPS[reduce_op.op]
@@ -241,7 +240,6 @@ class TpuBackend(C10DBackend):
                 scale = float(reduce_op.factor)
         for i, o in zip(inputs, outputs):
             torch.ops.torchtpu.collective(kind, op, scale, root, [], self._devices, [i], [o])
-        return True
 
     @staticmethod
     def _premul(values, reduce_op):

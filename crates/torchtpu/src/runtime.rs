@@ -60,12 +60,13 @@ pub fn configure(plugin: PathBuf, cpu_device_count: Option<i64>) -> bool {
 pub fn join(group: Group, timeout: Duration) -> Result<Vec<i64>> {
     let (node, nodes, local, store) = (group.node_id, group.num_nodes, group.local_device, group.store.clone());
     let tell_plugin = group.tell_plugin;
-    let told = tell_plugin && RUNTIME.get().is_none();
-    if told {
+    if tell_plugin && RUNTIME.get().is_none() {
         CONFIG.lock().unwrap().group = Some(group);
     }
     let rt = get()?;
-    if tell_plugin && !told {
+    // A group made again (after destroy_process_group) finds the client made for its first.
+    let made_for_it = CONFIG.lock().unwrap().group.as_ref().is_some_and(|g| g.node_id == node && g.num_nodes == nodes);
+    if tell_plugin && !made_for_it {
         return Err(Error::runtime(format!(
             "torchtpu: on {}, torch.distributed.init_process_group() must come before the first use of the tpu \
              device: each process's PJRT client is made once, for the whole group (process {node} of {nodes})",
@@ -108,7 +109,7 @@ fn start() -> std::result::Result<Runtime, String> {
     let api = pjrt::load_plugin(&plugin).map_err(|e| format!("torchtpu: {e}. {hint}"))?;
     let mut options: Vec<(&str, pjrt::NamedValue)> =
         config.cpu_device_count.map(|n| ("cpu_device_count", pjrt::NamedValue::Int64(n))).into_iter().collect();
-    let client = match config.group.as_ref().filter(|g| g.tell_plugin) {
+    let client = match &config.group {
         None => pjrt::Client::new(api, &options),
         Some(group) => {
             options.extend([
