@@ -1,34 +1,23 @@
 //! torchtpu's core: ATen operators lowered to StableHLO and run through PJRT.
 //!
-//! Layers (see docs/ARCHITECTURE.md): the C++ adapter (`csrc/`) calls [`ffi`];
-//! operators are looked up in the [`lower`] table, built as [`ir`] graphs,
-//! printed by [`emit`], compiled once by [`cache`] and run by [`exec`] on the
-//! [`runtime`]'s PJRT client. Tensors' bytes live in [`storage`]. Fused mode
-//! records into a [`trace`]; torch.compile's graphs become [`compiled`] plans;
-//! JAX and Pallas kernels are [`kernel`]s called from programs; torch.distributed's
-//! collectives run as replicated [`collective`] programs where XLA's collectives
-//! reach every member.
-pub mod args;
-pub mod bounded;
-pub mod cache;
-pub mod collective;
-pub mod compiled;
-pub mod dtype;
-pub mod emit;
+//! One folder per layer (DESIGN §2, docs/ARCHITECTURE.md); each uses only the
+//! layers listed before it:
+//! - [`error`] and [`metrics`]: the error type and the counters every layer uses;
+//! - [`ir`]: the typed graph, dtypes and promotion, strided views, StableHLO
+//!   text, and the external kernels (JAX, Pallas) a graph may call;
+//! - [`lower`]: the op table, ATen operator -> IR;
+//! - [`runtime`]: the PJRT client and devices, storages and their values,
+//!   memory statistics, the device's queue and its events, the compilation cache;
+//! - [`exec`]: running operators in the three modes: the per-op path, the fused
+//!   recorder and what rewrites and buckets a flushed trace, the flush thread,
+//!   torch.compile's graphs;
+//! - [`distributed`]: torch.distributed's collectives as programs, the group's store;
+//! - [`boundary`]: the C ABI the adapter calls, its arguments decoded, the Python module.
+pub mod boundary;
+pub mod distributed;
 pub mod error;
-pub mod event;
 pub mod exec;
-pub mod ffi;
 pub mod ir;
-pub mod kernel;
 pub mod lower;
-pub mod memory;
 pub mod metrics;
-pub mod overlap;
-mod python;
 pub mod runtime;
-pub mod simplify;
-pub mod storage;
-pub mod store;
-pub mod trace;
-pub mod view;

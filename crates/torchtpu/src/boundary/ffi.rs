@@ -5,11 +5,15 @@ use std::ffi::{c_char, c_void, CStr, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 
-use crate::args::{self, TtArg, TtTensor};
+use crate::boundary::args::{self, TtArg, TtTensor};
+use crate::distributed::collective;
 use crate::error::{Error, Result};
-use crate::storage::Storage;
-use crate::trace::{self, Reason};
-use crate::{collective, compiled, event, exec, lower, memory, metrics, runtime};
+use crate::exec::trace::{self, Reason};
+use crate::exec::{self, compiled};
+use crate::lower::args::{Arg, Tensor};
+use crate::runtime::storage::Storage;
+use crate::runtime::{self, event, memory};
+use crate::{lower, metrics};
 
 #[repr(C)]
 pub struct TtSchemaArg {
@@ -50,44 +54,6 @@ pub struct TtGraphResults {
 
 /// Not an error: the compiled graph has no plan for this signature yet.
 const TT_GRAPH_MISS: i32 = 8;
-
-extern "C" {
-    pub fn tt_adapter_default_seed(device: i32) -> u64;
-    pub fn tt_kernel_table_new() -> i64;
-    pub fn tt_kernel_table_put(table: i64, args: *mut c_void, kernel: i64);
-    pub fn tt_kernel_table_call(table: i64, args: *mut c_void) -> *mut c_void;
-    pub fn tt_store_adopt(store_object: *mut c_void) -> *mut c_void;
-    pub fn tt_store_release(store: *mut c_void);
-    pub fn tt_store_get(
-        store: *mut c_void,
-        key: *const c_char,
-        key_size: usize,
-        timeout_ms: i64,
-        bytes: *mut *mut c_char,
-        size: *mut usize,
-    ) -> i32;
-    pub fn tt_store_try_get(
-        store: *mut c_void,
-        key: *const c_char,
-        key_size: usize,
-        bytes: *mut *mut c_char,
-        size: *mut usize,
-    ) -> i32;
-    pub fn tt_store_put(
-        store: *mut c_void,
-        key: *const c_char,
-        key_size: usize,
-        value: *const c_char,
-        value_size: usize,
-        bytes: *mut *mut c_char,
-        size: *mut usize,
-    ) -> i32;
-    pub fn tt_store_free(bytes: *mut c_char);
-}
-
-// The adapter's store answers (`TT_STORE_*` in csrc/ffi.h).
-pub const TT_STORE_MISSING: i32 = 1;
-pub const TT_STORE_TIMEOUT: i32 = 2;
 
 thread_local! {
     static LAST_ERROR: RefCell<CString> = RefCell::new(CString::default());
@@ -214,7 +180,7 @@ pub unsafe extern "C" fn tt_op_run(
     guard(|| {
         let def = lower::get(op)?;
         let raw = std::slice::from_raw_parts(args, nargs.max(0) as usize);
-        let decoded: Vec<args::Arg> = raw.iter().map(|a| args::decode(a)).collect::<Result<_>>()?;
+        let decoded: Vec<Arg> = raw.iter().map(|a| args::decode(a)).collect::<Result<_>>()?;
         let storages = exec::run_op(def, &decoded)?;
         RESULTS.with(|r| {
             let (out, shapes) = &mut *r.borrow_mut();
@@ -295,6 +261,7 @@ pub unsafe extern "C" fn tt_synchronize(_device: i32) -> i32 {
 #[no_mangle]
 pub unsafe extern "C" fn tt_memory_stats(device: i32, stats: *mut memory::DeviceStats) -> i32 {
     guard(|| {
+        trace::flush(Reason::Query)?;
         *stats = memory::stats(device as usize)?;
         Ok(())
     })
@@ -333,6 +300,7 @@ pub unsafe extern "C" fn tt_host_unpin(data: *mut c_void) -> i32 {
 #[no_mangle]
 pub unsafe extern "C" fn tt_event_record(timing: u8, event: *mut *mut c_void) -> i32 {
     guard(|| {
+        trace::flush(Reason::Query)?;
         *event = Arc::into_raw(event::record(timing != 0)?) as *mut c_void;
         Ok(())
     })
@@ -371,6 +339,7 @@ pub unsafe extern "C" fn tt_event_elapsed_ms(start: *mut c_void, end: *mut c_voi
 #[no_mangle]
 pub unsafe extern "C" fn tt_idle(idle: *mut u8) -> i32 {
     guard(|| {
+        trace::flush(Reason::Query)?;
         *idle = event::idle()? as u8;
         Ok(())
     })
@@ -378,7 +347,7 @@ pub unsafe extern "C" fn tt_idle(idle: *mut u8) -> i32 {
 
 // ---------------------------------------------------------------- compiled graphs
 
-unsafe fn decode_args<'a>(args: *const TtArg, nargs: i64) -> Result<Vec<args::Arg<'a>>> {
+unsafe fn decode_args<'a>(args: *const TtArg, nargs: i64) -> Result<Vec<Arg<'a>>> {
     std::slice::from_raw_parts(args, nargs.max(0) as usize).iter().map(|a| args::decode(a)).collect()
 }
 
@@ -456,7 +425,7 @@ pub unsafe extern "C" fn tt_capture_begin(graph: i64, args: *const TtArg, nargs:
 pub unsafe extern "C" fn tt_capture_end(outputs: *const TtTensor, n: i64) -> i32 {
     guard(|| {
         let raw = std::slice::from_raw_parts(outputs, n.max(0) as usize);
-        let tensors: Vec<args::Tensor> =
+        let tensors: Vec<Tensor> =
             raw.iter().map(|t| args::tensor(t)).collect::<Result<Vec<_>>>()?.into_iter().flatten().collect();
         compiled::end(&tensors)
     })
@@ -485,7 +454,7 @@ pub unsafe extern "C" fn tt_collective(
 ) -> i32 {
     guard(|| {
         let text = |s: *const c_char| CStr::from_ptr(s).to_str().map_err(|e| Error::value(e.to_string()));
-        let tensors = |p: *const TtTensor| -> Result<Vec<args::Tensor>> {
+        let tensors = |p: *const TtTensor| -> Result<Vec<Tensor>> {
             Ok(args::slice(p, n)
                 .iter()
                 .map(|t| args::tensor(t))

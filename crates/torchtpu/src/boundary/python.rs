@@ -5,11 +5,12 @@ use pyo3::exceptions::{PyIndexError, PyNotImplementedError, PyRuntimeError, PyTy
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
 
-use crate::dtype::DType;
 use crate::error::{Error, Kind};
-use crate::ir::Ty;
+use crate::exec::{self, compiled, trace};
+use crate::ir::dtype::DType;
+use crate::ir::{kernel, Ty};
 use crate::metrics::METRICS;
-use crate::{cache, compiled, exec, ffi, kernel, runtime, storage, trace};
+use crate::runtime::{self, cache, storage};
 
 fn py_err(e: Error) -> PyErr {
     match e.kind {
@@ -56,7 +57,7 @@ fn join(
     tell_plugin: bool,
 ) -> PyResult<Vec<i64>> {
     // SAFETY: `store` is a live object and the GIL is held.
-    let store = unsafe { crate::store::GroupStore::adopt(store.as_ptr().cast()) }.map_err(py_err)?;
+    let store = unsafe { crate::distributed::store::GroupStore::adopt(store.as_ptr().cast()) }.map_err(py_err)?;
     let group = runtime::Group { node_id, num_nodes, local_device, store: std::sync::Arc::new(store), tell_plugin };
     // The processes meet while the client is made; the store may need the GIL.
     let timeout = std::time::Duration::from_secs_f64(timeout.max(0.0));
@@ -111,7 +112,7 @@ fn get_mode() -> &'static str {
 #[pyfunction]
 fn metrics(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     // Counts include the flushes queued so far.
-    crate::overlap::wait();
+    crate::exec::overlap::wait();
     let d = PyDict::new(py);
     for (name, value) in METRICS.counters() {
         d.set_item(name, value)?;
@@ -135,7 +136,7 @@ fn metrics(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
 
 #[pyfunction]
 fn reset_metrics() {
-    crate::overlap::wait();
+    crate::exec::overlap::wait();
     METRICS.reset();
 }
 
@@ -201,19 +202,27 @@ fn kernel_register(name: &str, entry: &str, functions: String, inputs: Avals, ou
     };
     kernel::register(kernel).map_err(py_err)
 }
+
+// The adapter's kernel tables (csrc/kernel.cpp): custom kernels' fast path.
+extern "C" {
+    fn tt_kernel_table_new() -> i64;
+    fn tt_kernel_table_put(table: i64, args: *mut std::ffi::c_void, kernel: i64);
+    fn tt_kernel_table_call(table: i64, args: *mut std::ffi::c_void) -> *mut std::ffi::c_void;
+}
+
 /// A new table of a custom kernel's lowered call signatures, for its fast
 /// path (`csrc/kernel.cpp`).
 #[pyfunction]
 fn kernel_table() -> i64 {
     // SAFETY: called with the GIL held, as the adapter's tables require.
-    unsafe { ffi::tt_kernel_table_new() }
+    unsafe { tt_kernel_table_new() }
 }
 
 /// Records that calls with the signature of `args` run lowered kernel `kernel`.
 #[pyfunction]
 fn kernel_table_put(table: i64, args: &Bound<'_, PyTuple>, kernel: i64) {
     // SAFETY: `args` is a live tuple and the GIL is held.
-    unsafe { ffi::tt_kernel_table_put(table, args.as_ptr().cast(), kernel) }
+    unsafe { tt_kernel_table_put(table, args.as_ptr().cast(), kernel) }
 }
 
 /// The kernel's output for `args` where their signature was recorded, else None.
@@ -221,7 +230,7 @@ fn kernel_table_put(table: i64, args: &Bound<'_, PyTuple>, kernel: i64) {
 fn kernel_call<'py>(py: Python<'py>, table: i64, args: &Bound<'py, PyTuple>) -> PyResult<Bound<'py, PyAny>> {
     // SAFETY: `args` is a live tuple and the GIL is held; a non-null result is
     // a new reference.
-    let out = unsafe { ffi::tt_kernel_table_call(table, args.as_ptr().cast()) };
+    let out = unsafe { tt_kernel_table_call(table, args.as_ptr().cast()) };
     if out.is_null() {
         return match PyErr::take(py) {
             Some(e) => Err(e),
@@ -235,7 +244,7 @@ fn kernel_call<'py>(py: Python<'py>, table: i64, args: &Bound<'py, PyTuple>) -> 
 #[pyfunction]
 fn cache_export(path: std::path::PathBuf) -> PyResult<usize> {
     // With the programs the flush thread is compiling.
-    crate::overlap::wait();
+    crate::exec::overlap::wait();
     cache::export(&path).map_err(py_err)
 }
 
@@ -250,7 +259,7 @@ fn cache_import(path: std::path::PathBuf) -> PyResult<usize> {
 #[pyfunction]
 fn settle(py: Python<'_>) {
     py.detach(|| {
-        crate::overlap::wait();
+        crate::exec::overlap::wait();
         cache::settle();
     })
 }
@@ -259,13 +268,13 @@ fn settle(py: Python<'_>) {
 /// on `threads` threads (`torchtpu.cache.warm_buckets`).
 #[pyfunction]
 fn warm_buckets(py: Python<'_>, up_to: i64, threads: usize) -> usize {
-    py.detach(|| crate::bounded::warm(up_to, threads))
+    py.detach(|| crate::exec::bounded::warm(up_to, threads))
 }
 
 /// The bucket a changing size of `s` compiles for (`bounded.rs`).
 #[pyfunction]
 fn bucket(s: i64) -> i64 {
-    crate::bounded::bucket(s)
+    crate::exec::bounded::bucket(s)
 }
 
 #[pymodule]

@@ -14,16 +14,15 @@
 //! place on a tensor's buffer when nothing else can see it (`host_alias`).
 use std::sync::Arc;
 
-use crate::args::Tensor;
-use crate::cache;
-use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::exec;
+use crate::exec::trace::Reason;
+use crate::ir::dtype::DType;
 use crate::ir::{Collective, Graph, Op, ReduceKind, Ty, V};
+use crate::lower::args::Tensor;
 use crate::metrics::{bump, METRICS};
-use crate::runtime;
-use crate::storage::{DeviceBuffer, Value};
-use crate::trace::Reason;
+use crate::runtime::storage::{DeviceBuffer, Value};
+use crate::runtime::{self, cache, event};
 
 /// One collective call, as the c10d backend describes it.
 pub struct Call<'a> {
@@ -138,7 +137,7 @@ pub fn run(call: &Call, inputs: &[Tensor], outputs: &[Tensor]) -> Result<()> {
     bump(&METRICS.collectives);
     for ((result, out), &device) in results.into_iter().zip(outputs).zip(&local) {
         let buf = DeviceBuffer::new(result.into_iter().next().expect("one output"), output_ty.clone(), device);
-        exec::track(std::slice::from_ref(&buf))?;
+        event::track(std::slice::from_ref(&buf))?;
         exec::assign(buf, out, device)?;
     }
     Ok(())
@@ -179,7 +178,7 @@ impl Access {
 ///
 /// None where that does not hold: the caller copies.
 pub fn host_alias(t: &Tensor, access: Access) -> Result<Option<usize>> {
-    let Some(storage) = t.storage else { return Ok(None) };
+    let Some(storage) = exec::storage_of(&t) else { return Ok(None) };
     if !t.view().is_whole(storage.nbytes / t.dtype.size() as i64) {
         return Ok(None);
     }

@@ -24,14 +24,13 @@
 use std::hash::{Hash, Hasher};
 use std::sync::{Arc, Mutex, OnceLock};
 
-use crate::cache;
-use crate::dtype::DType;
 use crate::error::Result;
 use crate::exec::{FxHasher, FxMap};
+use crate::ir::dtype::DType;
 use crate::ir::{Graph, Op, Ty, V};
 use crate::metrics::{bump, METRICS};
-use crate::runtime;
-use crate::storage::DeviceBuffer;
+use crate::runtime::storage::DeviceBuffer;
+use crate::runtime::{self, cache};
 
 /// Where an integer of a graph sits.
 #[derive(Clone, Copy)]
@@ -452,7 +451,7 @@ fn refuse(why: &str) -> Option<Bucketed> {
 
 /// Counts a trace left static, and why.
 pub fn refused(why: &str) {
-    if crate::trace::logging() {
+    if crate::exec::trace::logging() {
         eprintln!("torchtpu: a changing size not bucketed: {why}");
     }
     *METRICS.bucket_refusals.lock().unwrap().entry(why.to_string()).or_insert(0) += 1;

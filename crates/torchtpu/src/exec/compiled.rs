@@ -8,15 +8,15 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock, Mutex};
 
-use crate::args::{Arg, Tensor};
-use crate::dtype::DType;
 use crate::error::{Error, Result};
+use crate::exec::trace::{self, Param, Trace};
 use crate::exec::{self, FxMap, Plan};
+use crate::ir::dtype::DType;
 use crate::ir::V;
+use crate::lower::args::{Arg, Tensor};
 use crate::lower::{self, Input};
 use crate::metrics::{bump, METRICS};
-use crate::storage::{Storage, Value};
-use crate::trace::{self, Param, Trace};
+use crate::runtime::storage::{Storage, Value};
 
 /// Where an output view's storage comes from.
 #[derive(Clone, Copy, Debug)]
@@ -98,7 +98,7 @@ pub fn call(id: u64, args: &[Arg]) -> Result<Option<(Vec<Arc<Storage>>, Arc<Grap
     bump(&METRICS.graph_calls);
     let values = exec::apply(&gp.plan, &gp.plan.name, args, device)?;
     for &(arg, out) in &gp.writes {
-        let storage = exec::tensor_at(args, arg, 0)?.storage.expect("a written argument is on the device");
+        let storage = exec::storage_of(&exec::tensor_at(args, arg, 0)?).expect("a written argument is on the device");
         storage.set(values[out].clone());
     }
     let storages =
@@ -143,11 +143,11 @@ pub fn begin(id: u64, args: &[Arg]) -> Result<(Vec<Arc<Storage>>, Vec<View>)> {
     let mut views = Vec::new();
     for (arg, a) in args.iter().enumerate() {
         let Arg::Tensor(t) = a else { continue };
-        let shared = t.storage.and_then(|s| real.iter().position(|&r| std::ptr::eq(r, s)));
+        let shared = exec::storage_of(&t).and_then(|s| real.iter().position(|&r| std::ptr::eq(r, s)));
         let k = match shared {
             Some(k) => k,
             None => {
-                let (host, nbytes, value) = match (t.device, t.storage) {
+                let (host, nbytes, value) = match (t.device, exec::storage_of(&t)) {
                     (None, _) => {
                         let ty = t.ty();
                         let bytes = ty.numel() * t.dtype.size() as i64;
@@ -165,13 +165,13 @@ pub fn begin(id: u64, args: &[Arg]) -> Result<(Vec<Arc<Storage>>, Vec<View>)> {
                 let initial = value.map(Value::Pending);
                 let storage = Storage::new(device, nbytes, initial.clone());
                 placeholders.push(Placeholder { arg, storage, initial, host });
-                real.push(t.storage.map_or(std::ptr::null(), |s| s as *const Storage));
+                real.push(exec::storage_of(&t).map_or(std::ptr::null(), |s| s as *const Storage));
                 placeholders.len() - 1
             }
         };
         let mut view = View::of(t, Source::New(k));
         if placeholders[k].host {
-            view.strides = crate::view::contiguous_strides(t.sizes);
+            view.strides = crate::ir::view::contiguous_strides(t.sizes);
             view.offset = 0;
         }
         views.push(view);
@@ -203,7 +203,7 @@ pub fn end(outputs: &[Tensor]) -> Result<()> {
         if t.device.is_none() {
             return Err(uncapturable("it returns a CPU tensor"));
         }
-        let Some(storage) = t.storage else {
+        let Some(storage) = exec::storage_of(&t) else {
             storages.push((std::ptr::null(), 0, None)); // an empty tensor
             views.push(View::of(t, Source::New(storages.len() - 1)));
             continue;

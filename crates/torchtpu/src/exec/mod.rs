@@ -1,21 +1,32 @@
-//! Running operators: per-signature plans, shared by every mode; running
-//! them one by one (strict and debug modes) or handing them to the fused
-//! trace; program inputs; copies between views and the host.
+//! Execution: running operators in the three modes. This file holds the
+//! per-signature plans every mode shares, the per-op path of strict and
+//! debug modes, program inputs, and copies between views and the host.
+//! Fused mode records plans into a [`trace`], whose flushed program
+//! [`simplify`] rewrites and [`bounded`] compiles per bucket of a changing
+//! size, on the flush thread of [`overlap`]; torch.compile's graphs are
+//! [`compiled`] plans. This layer uses the op table, the IR and the runtime.
+use std::any::Any;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, LazyLock, Mutex, RwLock, Weak};
 use std::time::Instant;
 
-use crate::args::{Arg, Tensor};
-use crate::cache::{self, Program};
-use crate::dtype::DType;
 use crate::error::{Error, Result};
+use crate::ir::dtype::DType;
 use crate::ir::Ty;
+use crate::lower::args::{Arg, Backing, Tensor};
 use crate::lower::{self, Cx, Input, OpDef};
 use crate::metrics::{add, bump, METRICS};
-use crate::runtime;
-use crate::storage::{DeviceBuffer, Storage, Value};
-use crate::trace::{self, Reason};
+use crate::runtime::cache::{self, Program};
+use crate::runtime::storage::{DeviceBuffer, Storage, Value};
+use crate::runtime::{self, event};
+use trace::Reason;
+
+pub mod bounded;
+pub mod compiled;
+pub mod overlap;
+pub mod simplify;
+pub mod trace;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Mode {
@@ -175,7 +186,7 @@ pub fn signature(id: u64, runtime: impl Fn(usize) -> bool, args: &[Arg]) -> Key 
         }
         key.extend(t.strides.iter().map(|&s| s as u64));
         key.push(t.offset as u64);
-        match t.storage {
+        match storage_of(&t) {
             None => key.push(u64::MAX),
             Some(s) => {
                 // Aliasing decides the program's parameters: which earlier tensor shares the storage.
@@ -323,6 +334,11 @@ fn measure(op: &OpDef, measure: lower::Lowering, args: &[Arg], device: usize) ->
 
 // ------------------------------------------------------------------ inputs
 
+extern "C" {
+    /// A seed drawn from tpu:`device`'s default generator (the adapter's).
+    fn tt_adapter_default_seed(device: i32) -> u64;
+}
+
 /// Small uploads (scalars) reused by value: a constant `alpha` or learning
 /// rate costs no transfer after its first use.
 static SCALARS: LazyLock<Mutex<FxMap<(usize, DType, u64), Arc<DeviceBuffer>>>> = LazyLock::new(Default::default);
@@ -358,6 +374,23 @@ pub fn upload_scalar(bytes: &[u8], dtype: DType, device: usize) -> Result<Arc<De
     Ok(b)
 }
 
+// Lowerings see the runtime's storages through the op table's own trait.
+impl Backing for Storage {
+    fn nbytes(&self) -> i64 {
+        self.nbytes
+    }
+
+    fn value_ty(&self) -> Option<Ty> {
+        self.value().map(|v| v.ty().clone())
+    }
+}
+
+/// The storage behind a tensor argument (None for CPU tensors and for
+/// storages never allocated).
+pub fn storage_of<'a>(t: &Tensor<'a>) -> Option<&'a Storage> {
+    t.storage.map(|s| (s as &dyn Any).downcast_ref().expect("tensors are backed by the runtime's storages"))
+}
+
 pub fn tensor_at<'a>(args: &'a [Arg<'a>], arg: usize, item: usize) -> Result<Tensor<'a>> {
     match &args[arg] {
         Arg::Tensor(t) if item == 0 => Ok(*t),
@@ -371,7 +404,7 @@ pub fn tensor_at<'a>(args: &'a [Arg<'a>], arg: usize, item: usize) -> Result<Ten
 /// The buffer holding `value`, running the fused trace first if it has
 /// not been computed yet.
 pub fn resolve(value: &Value, reason: Reason) -> Result<Arc<DeviceBuffer>> {
-    crate::bounded::unpad(&computed(value, reason)?)
+    crate::exec::bounded::unpad(&computed(value, reason)?)
 }
 
 /// `value`'s buffer as computed (padded where a bucketed program made it).
@@ -396,7 +429,7 @@ pub fn storage_buffer(storage: &Storage, reason: Reason) -> Result<Option<Arc<De
     if buf.padded.is_none() {
         return Ok(Some(buf));
     }
-    let unpadded = crate::bounded::unpad(&buf)?;
+    let unpadded = crate::exec::bounded::unpad(&buf)?;
     storage.exchange(&buf, unpadded.clone());
     Ok(Some(unpadded))
 }
@@ -405,7 +438,7 @@ pub fn input(plan: &Plan, input: &Input, args: &[Arg], device: usize) -> Result<
     match *input {
         Input::Constant(k) => Ok(plan.constants[k].clone()),
         Input::Storage { arg, item } => {
-            let storage = tensor_at(args, arg, item)?.storage;
+            let storage = storage_of(&tensor_at(args, arg, item)?);
             let buf = match storage {
                 Some(s) => storage_buffer(s, Reason::Mode)?,
                 None => None,
@@ -432,7 +465,7 @@ pub fn input(plan: &Plan, input: &Input, args: &[Arg], device: usize) -> Result<
         Input::Seed { arg } => {
             let seed = match arg.map(|a| &args[a]) {
                 Some(Arg::Seed(s)) => *s,
-                _ => unsafe { crate::ffi::tt_adapter_default_seed(device as i32) },
+                _ => unsafe { tt_adapter_default_seed(device as i32) },
             };
             let key: Vec<u8> = [seed, 0u64].iter().flat_map(|w| w.to_le_bytes()).collect();
             upload(&key, Ty::new(DType::U64, &[2]), device)
@@ -442,39 +475,11 @@ pub fn input(plan: &Plan, input: &Input, args: &[Arg], device: usize) -> Result<
 
 // ------------------------------------------------------------------ execution
 
-/// One completion event per computation issued since the last synchronize,
-/// for `synchronize` and events. Kept even when the computation's outputs are
-/// dropped: a loop that discards its results must still be waited for.
-static PENDING: Mutex<Vec<Arc<pjrt::Event>>> = Mutex::new(Vec::new());
-
-/// Remembers the computation that produces `outputs` (all of one execute,
-/// ready together) until it is waited for.
-pub fn track(outputs: &[Arc<DeviceBuffer>]) -> Result<()> {
-    let Some(first) = outputs.first() else { return Ok(()) };
-    let ready = first.buf.ready_event()?;
-    let mut pending = PENDING.lock().unwrap();
-    if pending.len() > 4096 {
-        pending.retain(|e| !e.is_ready().unwrap_or(true));
-    }
-    pending.push(Arc::new(ready));
-    Ok(())
-}
-
-/// The computations issued since the last synchronize: what an event
-/// recorded now waits for.
-pub fn issued() -> Vec<Arc<pjrt::Event>> {
-    PENDING.lock().unwrap().clone()
-}
-
 /// Runs what fused mode recorded and waits for every computation issued so far.
 pub fn synchronize() -> Result<()> {
     trace::flush(Reason::Synchronize)?;
     trace::verify_checks()?;
-    let pending = std::mem::take(&mut *PENDING.lock().unwrap());
-    for e in pending {
-        e.await_ready()?;
-    }
-    Ok(())
+    event::wait_issued()
 }
 
 /// A failed check's message, its `{}`s replaced by the numbers of `values`
@@ -524,7 +529,7 @@ fn execute(plan: &Plan, what: &str, args: &[Arg], device: usize) -> Result<Vec<A
             check_finite(&outs, what, device)?;
         }
     } else {
-        track(&outs)?;
+        event::track(&outs)?;
     }
     Ok(outs)
 }
@@ -638,7 +643,7 @@ static CONTIGUOUS: LazyLock<OpDef> = LazyLock::new(|| lower::internal("torchtpu:
 /// storage's buffer itself where that holds the same elements; of exactly
 /// `t`'s shape if `exact`), for the host to read.
 pub fn contiguous(t: &Tensor, device: usize, exact: bool) -> Result<Arc<DeviceBuffer>> {
-    let buf = match t.storage.and_then(|s| s.value().map(|v| (s, v))) {
+    let buf = match storage_of(&t).and_then(|s| s.value().map(|v| (s, v))) {
         Some((storage, v))
             if v.ty().dtype == t.dtype && t.view().is_whole(v.ty().numel()) && (!exact || v.ty().shape == t.sizes) =>
         {
@@ -684,22 +689,23 @@ pub fn copy(src: &Tensor, dst: &Tensor) -> Result<()> {
 /// `buf` (the elements of `dst`, in order) becomes the value of the view
 /// `dst`: the storage's whole value when `dst` covers it.
 pub fn assign(buf: Arc<DeviceBuffer>, dst: &Tensor, device: usize) -> Result<()> {
-    let storage = dst.storage.ok_or_else(|| Error::runtime("torchtpu: copy into a tensor without storage"))?;
+    let storage = storage_of(&dst).ok_or_else(|| Error::runtime("torchtpu: copy into a tensor without storage"))?;
     if dst.view().is_whole(storage.nbytes / dst.dtype.size() as i64) {
         storage.set(Value::Ready(buf));
         return Ok(());
     }
     let staged = Storage::new(device, buf.ty.numel() * dst.dtype.size() as i64, Some(Value::Ready(buf)));
-    let strides = crate::view::contiguous_strides(dst.sizes);
-    let src = Tensor { storage: Some(&staged), strides: &strides, offset: 0, device: Some(device), ..*dst };
+    let strides = crate::ir::view::contiguous_strides(dst.sizes);
+    let src =
+        Tensor { storage: Some(&*staged as &dyn Backing), strides: &strides, offset: 0, device: Some(device), ..*dst };
     copy_device(&src, dst, device)
 }
 
 fn copy_device(src: &Tensor, dst: &Tensor, device: usize) -> Result<()> {
-    let storage = dst.storage.ok_or_else(|| Error::runtime("torchtpu: copy into a tensor without storage"))?;
+    let storage = storage_of(&dst).ok_or_else(|| Error::runtime("torchtpu: copy into a tensor without storage"))?;
     let whole = dst.view().is_whole(storage.nbytes / dst.dtype.size() as i64);
     // Same bytes, whole storages: share the immutable buffer.
-    if let Some(v) = src.storage.and_then(|s| s.value()) {
+    if let Some(v) = storage_of(&src).and_then(|s| s.value()) {
         if whole && src.dtype == dst.dtype && src.numel() == dst.numel() && src.view().is_whole(v.ty().numel()) {
             storage.set(v);
             return Ok(());
@@ -722,7 +728,7 @@ pub fn resized(old: &Storage, nbytes: i64) -> Result<Arc<Storage>> {
     let (have, want) = (old.nbytes / dtype.size() as i64, nbytes / dtype.size() as i64);
     let mut g = crate::ir::Graph::default();
     let p = g.param(value.ty.clone());
-    let flat = crate::view::flat(&mut g, p, dtype);
+    let flat = crate::ir::view::flat(&mut g, p, dtype);
     let kept = g.slice(flat, &[0], &[have.min(want)], &[1]);
     let zero = g.scalar(0.0, dtype);
     g.outputs = vec![g.pad(kept, zero, &[0], &[(want - have).max(0)], &[0])];

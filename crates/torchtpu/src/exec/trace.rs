@@ -19,18 +19,15 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Instant;
 
-use crate::args::Arg;
-use crate::bounded;
-use crate::cache::{self, Program};
 use crate::error::{Error, Kind, Result};
-use crate::exec::{self, FxHasher, FxMap, Plan};
+use crate::exec::{self, bounded, overlap, simplify, FxHasher, FxMap, Plan};
 use crate::ir::{Graph, Op, V};
+use crate::lower::args::Arg;
 use crate::lower::{Check, Input};
 use crate::metrics::{add, bump, METRICS};
-use crate::overlap;
-use crate::runtime;
-use crate::simplify;
-use crate::storage::{DeviceBuffer, Pending, Replaced, Value};
+use crate::runtime::cache::{self, Program};
+use crate::runtime::storage::{DeviceBuffer, Pending, Replaced, Value};
+use crate::runtime::{self, event};
 
 /// Why a trace was flushed (counted per kind in the metrics).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -228,7 +225,7 @@ impl Trace {
     fn operand(&mut self, plan: &Plan, input: &Input, args: &[Arg], device: usize) -> Result<V> {
         if self.capture && matches!(input, Input::Seed { .. }) {
             // A compiled graph draws fresh random numbers at every call.
-            let v = self.graph.param(crate::ir::Ty::new(crate::dtype::DType::U64, &[2]));
+            let v = self.graph.param(crate::ir::Ty::new(crate::ir::dtype::DType::U64, &[2]));
             self.params.push(Param::Input(Input::Seed { arg: None }));
             return Ok(v);
         }
@@ -237,7 +234,7 @@ impl Trace {
             // their own, so that equal values never change the structure.
             return Ok(self.param(exec::input(plan, input, args, device)?));
         };
-        let storage = exec::tensor_at(args, arg, item)?.storage;
+        let storage = exec::storage_of(&exec::tensor_at(args, arg, item)?);
         let value =
             storage.and_then(|s| s.value()).ok_or_else(|| Error::runtime("torchtpu: a storage lost its value"))?;
         match value {
@@ -713,7 +710,7 @@ fn run(mut trace: Trace, live: &[Arc<Pending>]) -> Result<()> {
     }
     if let Some(l) = &launch {
         for &s in &l.sizes {
-            inputs.push(exec::upload_scalar(&(s as i32).to_le_bytes(), crate::dtype::DType::I32, trace.device)?);
+            inputs.push(exec::upload_scalar(&(s as i32).to_le_bytes(), crate::ir::dtype::DType::I32, trace.device)?);
         }
         bump(&METRICS.bucketed_runs);
     }
@@ -739,7 +736,7 @@ fn run(mut trace: Trace, live: &[Arc<Pending>]) -> Result<()> {
             DeviceBuffer::with_shape(b, lowered.graph.ty(v).clone(), padded, trace.device)
         })
         .collect();
-    exec::track(&outs)?;
+    event::track(&outs)?;
     for (p, s) in live.iter().zip(&lowered.sources) {
         if let Source::Output(o) = s {
             let _ = p.result.set(Ok(outs[*o].clone()));

@@ -1,7 +1,7 @@
 //! Prints an IR graph as a StableHLO module (MLIR text, generic op syntax).
 use std::fmt::Write;
 
-use crate::dtype::DType;
+use crate::ir::dtype::DType;
 use crate::ir::{Collective, Graph, Op, ReduceKind, Ty, V};
 
 fn tensor(t: &Ty) -> String {

@@ -1,9 +1,18 @@
-//! The IR: a typed SSA graph of StableHLO-level operations with static shapes.
+//! The IR: a typed SSA graph of StableHLO-level operations with static shapes
+//! (this file), its element types and PyTorch's promotion rules ([`dtype`]),
+//! strided views of flat storages ([`view`]), StableHLO text ([`emit`]), and
+//! the external kernels a graph may call ([`kernel`]). The layer at the
+//! bottom: it uses only `error` and `metrics`.
 //!
 //! Lowerings build it through the methods of [`Graph`]; `emit` prints it as
 //! StableHLO. Shape rules are checked here, once, so a lowering bug surfaces as
 //! an error naming the operation rather than as an XLA compile failure.
-use crate::dtype::{opmath, DType};
+use dtype::{opmath, DType};
+
+pub mod dtype;
+pub mod emit;
+pub mod kernel;
+pub mod view;
 
 pub type V = usize;
 
@@ -166,7 +175,7 @@ pub enum Op {
     },
     /// A call of an external kernel's entry function (`kernel.rs`); the
     /// node is its first result, [`Op::Result`] nodes the others.
-    Call(std::sync::Arc<crate::kernel::Kernel>),
+    Call(std::sync::Arc<crate::ir::kernel::Kernel>),
     /// A collective across the replicas of a replicated program
     /// (`collective.rs`), all `replicas` of them in one group.
     Collective {
@@ -260,7 +269,7 @@ impl Graph {
 
     /// The identity of `kind` (a reduction's start value) splat to `shape`.
     pub fn identity(&mut self, kind: ReduceKind, dtype: DType, shape: &[i64]) -> V {
-        self.push(Op::Const(crate::emit::reduce_init(kind, dtype)), vec![], Ty::new(dtype, shape))
+        self.push(Op::Const(crate::ir::emit::reduce_init(kind, dtype)), vec![], Ty::new(dtype, shape))
     }
 
     /// A 1-D constant of `dtype` holding `values`.
@@ -549,7 +558,7 @@ impl Graph {
     }
 
     /// The results of a call of `kernel` (see [`Op::Call`]).
-    pub fn call(&mut self, kernel: &std::sync::Arc<crate::kernel::Kernel>, args: &[V]) -> Vec<V> {
+    pub fn call(&mut self, kernel: &std::sync::Arc<crate::ir::kernel::Kernel>, args: &[V]) -> Vec<V> {
         self.multi(Op::Call(kernel.clone()), args, &kernel.outputs)
     }
 

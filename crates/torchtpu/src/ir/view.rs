@@ -1,7 +1,7 @@
 //! Strided views of flat storages, in the IR: reading a view is a
 //! slice/reshape/transpose/broadcast of the storage (a gather in general),
 //! writing one produces the storage's next value (DESIGN §3).
-use crate::dtype::DType;
+use crate::ir::dtype::DType;
 use crate::ir::{Graph, Ty, V};
 
 /// Where a tensor's elements lie in its storage, in elements of `dtype`.

@@ -6,11 +6,11 @@
 use super::elementwise::{finish, float_only};
 use super::nn::{add, div, exp_shifted, mul, reduce_back, sub};
 use super::{op, wrap_dim, Cx, Entry, UNDEFINED};
-use crate::args::Tensor;
-use crate::dtype::{opmath, DType};
 use crate::ensure;
 use crate::error::Result;
+use crate::ir::dtype::{opmath, DType};
 use crate::ir::{ReduceKind, V};
+use crate::lower::args::Tensor;
 
 pub static ENTRIES: &[Entry] = &[
     op("_native_multi_head_attention", multi_head_attention),

@@ -9,11 +9,11 @@ use super::index::checked_indices;
 use super::nn::{div, expect_types, mul};
 use super::reduce::scan;
 use super::{op, Cx, Entry};
-use crate::args::Tensor;
-use crate::dtype::{opmath, DType};
 use crate::ensure;
 use crate::error::{Error, Kind, Result};
+use crate::ir::dtype::{opmath, DType};
 use crate::ir::{ReduceKind, V};
+use crate::lower::args::Tensor;
 
 pub static ENTRIES: &[Entry] = &[
     op("_embedding_bag", |cx| forward(cx, false)),

@@ -15,8 +15,8 @@
 use super::elementwise::{finish, not_implemented};
 use super::pool::{add_windows, window_slices, Window};
 use super::{op, Cx, Entry, UNDEFINED};
-use crate::dtype::{opmath, DType};
 use crate::error::{Error, Result};
+use crate::ir::dtype::{opmath, DType};
 use crate::ir::{dilated, Conv, ReduceKind, V};
 
 pub static ENTRIES: &[Entry] =

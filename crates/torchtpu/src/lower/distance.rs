@@ -4,11 +4,11 @@
 //! so it is compile-time.
 use super::elementwise::{full_like, not_implemented};
 use super::{op_consts, Cx, Entry};
-use crate::args::Tensor;
-use crate::dtype::DType;
 use crate::ensure;
 use crate::error::Result;
+use crate::ir::dtype::DType;
 use crate::ir::{broadcast_all, ReduceKind, V};
+use crate::lower::args::Tensor;
 
 pub static ENTRIES: &[Entry] = &[
     op_consts("_cdist_forward", cdist, &["p"]),
@@ -218,7 +218,7 @@ fn cdist(cx: &mut Cx) -> Result<Vec<V>> {
 /// `[-2 x1, |x1|², 1] · [x2, 1, |x2|²]ᵀ`, clamped at 0, square-rooted.
 fn euclidean(cx: &mut Cx, x1: V, x2: V, batch: &[i64], r1: i64, r2: i64, c: i64) -> V {
     let dtype = cx.g.ty(x1).dtype;
-    let ct = crate::dtype::opmath(dtype);
+    let ct = crate::ir::dtype::opmath(dtype);
     let side = |cx: &mut Cx, x: V, r: i64, scale: f64, norm_first: bool| {
         let x = cx.g.broadcast_to(x, &[batch, &[r, c]].concat());
         let x = cx.g.convert(x, ct);

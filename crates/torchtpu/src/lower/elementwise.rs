@@ -4,10 +4,10 @@
 //! `at::result_type`, broadcast together, and float16/bfloat16 are computed
 //! in float32 and rounded once, as PyTorch's CPU kernels do.
 use super::{op, op_complex, Cx, Entry, Operand};
-use crate::args::Arg;
-use crate::dtype::{opmath, DType, DEFAULT_FLOAT};
 use crate::error::{Error, Result};
+use crate::ir::dtype::{opmath, DType, DEFAULT_FLOAT};
 use crate::ir::V;
+use crate::lower::args::Arg;
 
 pub static ENTRIES: &[Entry] = &[
     op_complex("add", |cx| add_sub(cx, "stablehlo.add")),

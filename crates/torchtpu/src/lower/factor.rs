@@ -19,11 +19,11 @@ use super::elementwise::cpp_name;
 use super::linalg::{diagonal_mask, lapack_dtype};
 use super::shape::keep_triangle;
 use super::{op, Cx, Entry, UNDEFINED};
-use crate::args::Tensor;
-use crate::dtype::DType;
 use crate::ensure;
 use crate::error::{Kind, Result};
+use crate::ir::dtype::DType;
 use crate::ir::{broadcast_all, Graph, ReduceKind, Ty, V};
+use crate::lower::args::Tensor;
 
 pub static ENTRIES: &[Entry] = &[
     op("linalg_lu_factor_ex", lu_factor_ex),

@@ -35,7 +35,7 @@ fn zero(cx: &mut Cx) -> Result<Vec<V>> {
 /// The zero tensors autograd makes for gradients known to be zero (a plain
 /// zero-filled tensor here).
 fn efficient_zero(cx: &mut Cx) -> Result<Vec<V>> {
-    let dtype = cx.dtype("dtype")?.unwrap_or(crate::dtype::DEFAULT_FLOAT);
+    let dtype = cx.dtype("dtype")?.unwrap_or(crate::ir::dtype::DEFAULT_FLOAT);
     Ok(vec![cx.g.full(0.0, dtype, &cx.ints("size")?)])
 }
 
@@ -54,7 +54,7 @@ fn arange(cx: &mut Cx) -> Result<Vec<V>> {
     }
     no_bool(out.dtype, "arange_cpu")?;
     let n = ((end - start) / step).ceil() as i64;
-    let acc = if out.dtype.is_float() { crate::dtype::DType::F64 } else { crate::dtype::DType::I64 };
+    let acc = if out.dtype.is_float() { crate::ir::dtype::DType::F64 } else { crate::ir::dtype::DType::I64 };
     let i = cx.g.iota(acc, &[n], 0);
     let s = cx.g.full(step, acc, &[n]);
     let b = cx.g.full(start, acc, &[n]);

@@ -5,11 +5,11 @@
 use super::elementwise::not_implemented;
 use super::pool::{add_windows, windows, Window};
 use super::{op, Cx, Entry};
-use crate::args::Tensor;
-use crate::dtype::DType;
 use crate::ensure;
 use crate::error::Result;
+use crate::ir::dtype::DType;
 use crate::ir::V;
+use crate::lower::args::Tensor;
 
 pub static ENTRIES: &[Entry] = &[op("im2col", im2col), op("col2im", col2im)];
 

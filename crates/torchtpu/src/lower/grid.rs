@@ -8,8 +8,8 @@
 use super::elementwise::{float_only, full_like};
 use super::nn::{add, mul};
 use super::{op, Cx, Entry, UNDEFINED};
-use crate::dtype::{opmath, DType};
 use crate::error::{Error, Result};
+use crate::ir::dtype::{opmath, DType};
 use crate::ir::{ReduceKind, V};
 
 pub static ENTRIES: &[Entry] = &[op("grid_sampler_2d", forward), op("grid_sampler_2d_backward", backward)];

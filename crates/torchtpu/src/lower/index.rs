@@ -6,11 +6,11 @@ use super::elementwise::{cpp_name, not_implemented};
 use super::reduce::scan;
 use super::sort::sorted;
 use super::{op, op_measured, wrap_dim, Cx, Entry};
-use crate::args::Tensor;
-use crate::dtype::{opmath, DType};
 use crate::error::{Error, Kind, Result};
+use crate::ir::dtype::{opmath, DType};
+use crate::ir::view::contiguous_strides;
 use crate::ir::{ReduceKind, V};
-use crate::view::contiguous_strides;
+use crate::lower::args::Tensor;
 
 pub static ENTRIES: &[Entry] = &[
     op("index_select", index_select),

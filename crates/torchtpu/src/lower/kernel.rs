@@ -8,7 +8,7 @@ use crate::ir::V;
 pub static ENTRIES: &[Entry] = &[op("torchtpu::kernel", call), op("torchtpu::differentiable_kernel", call)];
 
 fn call(cx: &mut Cx) -> Result<Vec<V>> {
-    let kernel = crate::kernel::get(cx.int("kernel")?)?;
+    let kernel = crate::ir::kernel::get(cx.int("kernel")?)?;
     let metas = cx.metas("inputs")?;
     let given: Vec<_> = metas.iter().map(|t| t.map(|t| t.ty())).collect();
     let expected: Vec<_> = kernel.inputs.iter().cloned().map(Some).collect();

@@ -5,11 +5,11 @@ use super::elementwise::{cpp_name, full_like, no_bool, not_implemented, round_to
 use super::factor::check_info;
 use super::shape::{expand_check, keep_triangle};
 use super::{op, Cx, Entry};
-use crate::args::Tensor;
-use crate::dtype::{opmath, DType};
 use crate::ensure;
 use crate::error::{Error, Kind, Result};
+use crate::ir::dtype::{opmath, DType};
 use crate::ir::{Graph, ReduceKind, V};
+use crate::lower::args::Tensor;
 
 pub static ENTRIES: &[Entry] = &[
     op("mm", mm),

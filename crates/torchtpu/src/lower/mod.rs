@@ -1,5 +1,7 @@
 //! ATen operators to IR: the op table and the context lowerings are written
-//! against.
+//! against, and the arguments they read ([`args`]). This layer uses only the
+//! IR: it never reaches a storage, the runtime or a mode (it sees a tensor's
+//! storage through [`args::Backing`]).
 //!
 //! Only functional operators are lowered. The adapter derives the in-place
 //! (`add_`) and `out=` (`add.out`) overloads from the schema: they reach the
@@ -15,13 +17,12 @@
 //! ([`Cx::writes`]); the adapter writes them back as it does out= results.
 use std::sync::RwLock;
 
-use crate::args::{Arg, Tensor};
-use crate::dtype::{result_type, DType, Priority};
 use crate::error::{Error, Kind, Result};
-use crate::ir::{Graph, Ty, V};
-use crate::storage::Storage;
-use crate::view;
+use crate::ir::dtype::{result_type, DType, Priority};
+use crate::ir::{view, Graph, Ty, V};
+use args::{Arg, Tensor};
 
+pub mod args;
 mod attention;
 mod bag;
 mod conv;
@@ -257,7 +258,8 @@ pub struct Cx<'a> {
     pub checks: Vec<Check>,
     /// The values the entry's `measure` computed for this call.
     pub sizes: Vec<i64>,
-    storages: Vec<(*const Storage, V)>,
+    /// The storages read so far (by address) and their values in the graph.
+    storages: Vec<(*const (), V)>,
 }
 
 impl<'a> Cx<'a> {
@@ -405,13 +407,13 @@ impl<'a> Cx<'a> {
         let Some(storage) = t.storage else {
             return Ok(self.g.full(0.0, t.dtype, &[0]));
         };
-        let n = storage.nbytes / t.dtype.size() as i64;
-        let key = storage as *const Storage;
+        let n = storage.nbytes() / t.dtype.size() as i64;
+        let key = storage as *const dyn args::Backing as *const ();
         let v = match self.storages.iter().find(|(s, _)| *s == key) {
             Some(&(_, v)) => v,
             None => {
-                let v = match storage.value() {
-                    Some(value) => self.param(value.ty().clone(), Input::Storage { arg, item }),
+                let v = match storage.value_ty() {
+                    Some(ty) => self.param(ty, Input::Storage { arg, item }),
                     None => self.g.full(0.0, t.dtype, &[n]),
                 };
                 self.storages.push((key, v));
@@ -581,7 +583,7 @@ impl<'a> Cx<'a> {
         let i = self.index(name)?;
         let t = self.meta(name)?;
         let storage = t.storage.ok_or_else(|| Error::runtime("torchtpu: writing a tensor without storage"))?;
-        let n = storage.nbytes / t.dtype.size() as i64;
+        let n = storage.nbytes() / t.dtype.size() as i64;
         let view = t.view();
         if view.is_whole(n) {
             return Ok(self.g.reshape(src, &[n]));

@@ -9,10 +9,10 @@ use super::elementwise::{finish, float_only, full_like, not_implemented, promote
 use super::index::checked_indices;
 use super::random::uniform01;
 use super::{op, op_consts, wrap_dim, Cx, Entry};
-use crate::args::Tensor;
-use crate::dtype::{opmath, DType};
 use crate::error::{Error, Kind, Result};
+use crate::ir::dtype::{opmath, DType};
 use crate::ir::{ReduceKind, V};
+use crate::lower::args::Tensor;
 
 pub static ENTRIES: &[Entry] = &[
     op("relu", relu),

@@ -10,8 +10,8 @@
 use super::elementwise::{not_implemented, round_to};
 use super::nn::{add, mul, reduce_back, sub};
 use super::{op, op_writes, Cx, Entry, UNDEFINED};
-use crate::dtype::{opmath, DType};
 use crate::error::{Error, Result};
+use crate::ir::dtype::{opmath, DType};
 use crate::ir::{ReduceKind, V};
 
 pub static ENTRIES: &[Entry] = &[

@@ -6,8 +6,8 @@
 use super::elementwise::{finish, not_implemented};
 use super::resize::{resample, resample_backward, Resample, Tap};
 use super::{op, Cx, Entry};
-use crate::dtype::{opmath, DType};
 use crate::error::{Error, Result};
+use crate::ir::dtype::{opmath, DType};
 use crate::ir::V;
 
 pub static ENTRIES: &[Entry] = &[

@@ -12,8 +12,8 @@
 use super::elementwise::{finish, not_implemented};
 use super::nn::{add, mul};
 use super::{op, Cx, Entry};
-use crate::dtype::{opmath, DType};
 use crate::error::{Error, Result};
+use crate::ir::dtype::{opmath, DType};
 use crate::ir::{dilated, Op, ReduceKind, Ty, V};
 
 pub static ENTRIES: &[Entry] = &[
@@ -205,7 +205,7 @@ fn channels_last(sizes: &[i64], strides: &[i64]) -> bool {
 }
 
 /// CPU's "`kernel` not implemented for '`dtype`'" of a max-pooling kernel.
-fn max_pool_unsupported(kernel: &str, t: &crate::args::Tensor) -> Error {
+fn max_pool_unsupported(kernel: &str, t: &crate::lower::args::Tensor) -> Error {
     let suffix = if channels_last(t.sizes, t.strides) { "_channels_last" } else { "" };
     not_implemented(&format!("{kernel}{suffix}"), t.dtype)
 }

@@ -1,8 +1,8 @@
 //! Random numbers: XLA expands a 64-bit seed drawn from the tpu generator
 //! (a runtime input, so new seeds never recompile).
 use super::{op, Cx, Entry};
-use crate::dtype::{opmath, DType};
 use crate::error::Result;
+use crate::ir::dtype::{opmath, DType};
 use crate::ir::{Ty, V};
 
 pub static ENTRIES: &[Entry] = &[op("uniform", uniform), op("normal", normal), op("bernoulli", bernoulli)];

@@ -2,8 +2,8 @@
 //! in float32.
 use super::elementwise::{arith, no_bool, not_implemented};
 use super::{op, op_consts, wrap_dim, Cx, Entry};
-use crate::dtype::{opmath, DType};
 use crate::error::{Error, Kind, Result};
+use crate::ir::dtype::{opmath, DType};
 use crate::ir::{ReduceKind, V};
 
 pub static ENTRIES: &[Entry] = &[
@@ -107,7 +107,7 @@ fn mean(cx: &mut Cx) -> Result<Vec<V>> {
     Ok(vec![cx.g.convert(r, dtype)])
 }
 
-fn check_nonempty(t: &crate::args::Tensor, dims: &[usize], what: &str) -> Result<()> {
+fn check_nonempty(t: &crate::lower::args::Tensor, dims: &[usize], what: &str) -> Result<()> {
     if let Some(&d) = dims.iter().find(|&&d| t.sizes[d] == 0) {
         return Err(Error::index(format!("{what}(): Expected reduction dim {d} to have non-zero size.")));
     }

@@ -11,10 +11,10 @@
 use super::elementwise::{finish, not_implemented};
 use super::nn::{add, mul};
 use super::{op_consts, Cx, Entry};
-use crate::args::Tensor;
-use crate::dtype::{opmath, DType};
 use crate::error::{Error, Result};
+use crate::ir::dtype::{opmath, DType};
 use crate::ir::{ReduceKind, V};
+use crate::lower::args::Tensor;
 
 const SCALES: &[&str] = &["scales", "scales_d", "scales_h", "scales_w"];
 

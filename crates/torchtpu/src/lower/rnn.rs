@@ -6,9 +6,9 @@
 use super::elementwise::{float_only, full_like};
 use super::nn::{add, mul, sub};
 use super::{op, Cx, Entry, UNDEFINED};
-use crate::dtype::{opmath, DType};
 use crate::ensure;
 use crate::error::Result;
+use crate::ir::dtype::{opmath, DType};
 use crate::ir::{ReduceKind, V};
 
 pub static ENTRIES: &[Entry] = &[

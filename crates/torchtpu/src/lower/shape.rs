@@ -1,10 +1,10 @@
 //! Operators that rearrange data: concatenation and friends, triangles.
 use super::reduce::dim_list;
 use super::{op, wrap_dim, Cx, Entry};
-use crate::args::Tensor;
-use crate::dtype::DType;
 use crate::error::{Error, Result};
+use crate::ir::dtype::DType;
 use crate::ir::{Graph, ReduceKind, V};
+use crate::lower::args::Tensor;
 
 pub static ENTRIES: &[Entry] = &[
     op("cat", cat),
@@ -121,7 +121,7 @@ fn cat(cx: &mut Cx) -> Result<Vec<V>> {
     let ops: Vec<super::Operand> = metas
         .iter()
         .zip(&values)
-        .map(|(t, &v)| super::Operand { v, dtype: t.dtype, priority: crate::dtype::Priority::Dim })
+        .map(|(t, &v)| super::Operand { v, dtype: t.dtype, priority: crate::ir::dtype::Priority::Dim })
         .collect();
     let dtype = cx.result_type(&ops);
     // Legacy rule: 1-D empty tensors are skipped.

@@ -6,9 +6,9 @@ use super::elementwise::not_implemented;
 use super::index::as_vector;
 use super::reduce::scan;
 use super::{op, wrap_dim, Cx, Entry};
-use crate::dtype::DType;
 use crate::ensure;
 use crate::error::{Error, Result};
+use crate::ir::dtype::DType;
 use crate::ir::{ReduceKind, V};
 
 pub static ENTRIES: &[Entry] = &[

@@ -21,9 +21,9 @@ use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Instant, SystemTime};
 
 use crate::error::{Error, Result};
-use crate::ir::Graph;
+use crate::ir::{emit, Graph};
 use crate::metrics::{add, bump, METRICS};
-use crate::{emit, runtime};
+use crate::runtime;
 
 pub struct Program {
     pub exe: pjrt::LoadedExecutable,
@@ -594,7 +594,7 @@ fn verify<'a>(bytes: &'a [u8], key: Key, kinds: &[&[u8; 8]]) -> std::result::Res
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dtype::DType;
+    use crate::ir::dtype::DType;
     use crate::ir::{Op, Ty};
 
     #[test]

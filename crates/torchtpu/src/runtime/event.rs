@@ -1,17 +1,49 @@
 //! Events: points in the device's one in-order queue, with CUDA events'
 //! semantics (`torch.Event`, `torch.tpu.Event`). Every tpu stream maps onto
 //! that queue, so an event stands for all the work issued before it was
-//! recorded: recording runs what fused mode has recorded and watches every
-//! computation issued since the last synchronize (whether or not its outputs
-//! are still alive); the event completes when the last one is done,
-//! and the time it did is kept for `elapsed_time`.
+//! recorded: recording watches every computation issued since the last
+//! synchronize (whether or not its outputs are still alive; the boundary
+//! first issues what fused mode has recorded); the event completes when the
+//! last one is done, and the time it did is kept for `elapsed_time`.
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 
 use crate::error::{Error, Result};
-use crate::exec;
-use crate::trace::{self, Reason};
+use crate::runtime::storage::DeviceBuffer;
+
+/// One completion event per computation issued since the last synchronize,
+/// for `synchronize` and events. Kept even when the computation's outputs are
+/// dropped: a loop that discards its results must still be waited for.
+static ISSUED: Mutex<Vec<Arc<pjrt::Event>>> = Mutex::new(Vec::new());
+
+/// Remembers the computation that produces `outputs` (all of one execute,
+/// ready together) until it is waited for.
+pub fn track(outputs: &[Arc<DeviceBuffer>]) -> Result<()> {
+    let Some(first) = outputs.first() else { return Ok(()) };
+    let ready = first.buf.ready_event()?;
+    let mut issued = ISSUED.lock().unwrap();
+    if issued.len() > 4096 {
+        issued.retain(|e| !e.is_ready().unwrap_or(true));
+    }
+    issued.push(Arc::new(ready));
+    Ok(())
+}
+
+/// The computations issued since the last synchronize: what an event
+/// recorded now waits for.
+fn issued() -> Vec<Arc<pjrt::Event>> {
+    ISSUED.lock().unwrap().clone()
+}
+
+/// Waits for every computation issued so far.
+pub fn wait_issued() -> Result<()> {
+    let issued = std::mem::take(&mut *ISSUED.lock().unwrap());
+    for e in issued {
+        e.await_ready()?;
+    }
+    Ok(())
+}
 
 pub struct Event {
     pub timing: bool,
@@ -77,10 +109,10 @@ impl Event {
     }
 }
 
-/// Records an event after all work issued so far (and recorded in fused mode).
+/// Records an event after all work issued so far (the caller first issues
+/// what fused mode recorded).
 pub fn record(timing: bool) -> Result<Arc<Event>> {
-    trace::flush(Reason::Query)?;
-    let issued = exec::issued();
+    let issued = issued();
     let event = Arc::new(Event {
         timing,
         remaining: AtomicUsize::new(issued.len() + 1),
@@ -101,8 +133,7 @@ pub fn record(timing: bool) -> Result<Arc<Event>> {
 
 /// Whether all work issued so far is done (`Stream.query()`).
 pub fn idle() -> Result<bool> {
-    trace::flush(Reason::Query)?;
-    for e in exec::issued() {
+    for e in issued() {
         if !e.is_ready()? {
             return Ok(false);
         }

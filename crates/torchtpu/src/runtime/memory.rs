@@ -6,7 +6,6 @@ use std::sync::Mutex;
 
 use crate::error::Result;
 use crate::runtime;
-use crate::trace::{self, Reason};
 
 /// One statistic, as c10's `Stat`: current and peak value, and the amounts
 /// added and removed since the last reset.
@@ -69,10 +68,10 @@ pub fn freed(device: usize, bytes: i64) {
     })
 }
 
-/// The statistics once what fused mode recorded has been issued (its live
-/// results are then buffers, as CUDA tensors are allocated when created).
+/// The statistics of the buffers issued so far. The boundary first issues
+/// what fused mode recorded (its live results are then buffers, as CUDA
+/// tensors are allocated when created).
 pub fn stats(device: usize) -> Result<DeviceStats> {
-    trace::flush(Reason::Query)?;
     let rt = runtime::get()?;
     let plugin = rt.client.memory_stats(rt.device(device)?).ok();
     Ok(with_stats(device, |s| {

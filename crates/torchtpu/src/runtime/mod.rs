@@ -1,4 +1,10 @@
-//! The process's PJRT plugin and client, created on first use.
+//! The runtime: the process's PJRT plugin and client, created on first use
+//! (this file); storages and their values ([`storage`]), the bytes they hold
+//! ([`memory`]), the device's queue of issued work and its events ([`event`]),
+//! and the compilation cache every mode shares ([`cache`]). It uses the IR
+//! (the types of values, the graphs it compiles) and never the op table or a
+//! mode: what must first issue fused mode's work (memory statistics, events)
+//! is flushed by its caller.
 //!
 //! The plugin is chosen at start-up, never at build time: the Python front
 //! passes `TORCHTPU_PJRT_PLUGIN` or the auto-detected plugin. A plugin that
@@ -14,6 +20,11 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use crate::error::{Error, Result};
+
+pub mod cache;
+pub mod event;
+pub mod memory;
+pub mod storage;
 
 pub struct Runtime {
     pub client: pjrt::Client,

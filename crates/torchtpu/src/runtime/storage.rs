@@ -11,7 +11,7 @@ use std::sync::{mpsc, Arc, Mutex, OnceLock};
 
 use crate::error::{Error, Result};
 use crate::ir::{Ty, V};
-use crate::memory;
+use crate::runtime::memory;
 
 static LIVE_STORAGES: AtomicI64 = AtomicI64::new(0);
 static LIVE_BUFFERS: AtomicI64 = AtomicI64::new(0);
