@@ -33,11 +33,16 @@ fn main() {
     let include = torch.join("include");
     let lib = torch.join("lib");
     let sources = [
+        "csrc/allocator.cpp",
         "csrc/autocast.cpp",
         "csrc/collective.cpp",
         "csrc/device.cpp",
         "csrc/dispatch.cpp",
+        "csrc/generator.cpp",
         "csrc/graph.cpp",
+        "csrc/guard.cpp",
+        "csrc/hooks.cpp",
+        "csrc/host_allocator.cpp",
         "csrc/kernel.cpp",
         "csrc/store.cpp",
     ];
