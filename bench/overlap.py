@@ -1,4 +1,4 @@
-"""Step flushes on the flush thread (`overlap.rs`) vs on the main thread
+"""Step flushes on the flush thread (`exec/overlap.rs`) vs on the main thread
 (TORCHTPU_OVERLAP=0), side by side in one run, for the three workloads of
 examples/workloads.py, in a loop that reads its losses every 10 steps:
 

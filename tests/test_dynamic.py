@@ -1,4 +1,4 @@
-"""Bounded dynamic dimensions (bounded.rs), against CPU: training loops
+"""Bounded dynamic dimensions (exec/bounded.rs), against CPU: training loops
 whose batch and sequence length change every step, and generation, compile
 once per bucket of the changing size, never per size."""
 import json

@@ -4,7 +4,7 @@ AOTAutograd turns Dynamo's graph into forward, backward or inference graphs
 of ATen operators. Each becomes a `Graph`, which the core lowers through the
 same op table as eager ops into one program per input signature: the first
 call with a signature captures the graph (its ops run once on placeholders,
-recorded, never executed; `compiled.rs`), later calls run the program. A
+recorded, never executed; `exec/compiled.rs`), later calls run the program. A
 graph that cannot be one program (it reads values on the host, or an op runs
 on the CPU) runs op by op in the current eager mode, as code after a graph
 break does.

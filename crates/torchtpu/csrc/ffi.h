@@ -149,7 +149,7 @@ int tt_capture_end(const TtTensor* outputs, int64_t n);
 // is marked to flush after each of its calls).
 int tt_step_end(void);
 
-// torch.distributed's collective `kind` (see collective.rs) over the group's
+// torch.distributed's collective `kind` (see distributed/collective.rs) over the group's
 // devices (global ids, rank order): inputs[i] and outputs[i] are on the i-th
 // local one; `pairs` are permute's (source, target) ranks, flattened.
 int tt_collective(const char* kind, const char* op, double scale, int64_t root, const int64_t* pairs,
@@ -157,7 +157,7 @@ int tt_collective(const char* kind, const char* op, double scale, int64_t root, 
                   const TtTensor* outputs, int64_t n);
 
 // The host address of the tensor's elements for gloo to work on in place, or
-// 0; access: "read_write", "read" or "write" (see collective.rs: host_alias).
+// 0; access: "read_write", "read" or "write" (see distributed/collective.rs: host_alias).
 int tt_host_alias(const TtTensor* tensor, const char* access, uint64_t* address);
 
 int tt_device_count(int32_t* count);

@@ -32,13 +32,13 @@ pub struct Metrics {
     pub graph_calls: AtomicU64,
     /// External kernels registered (one per kernel and input signature).
     pub kernels: AtomicU64,
-    /// Collective programs run (`collective.rs`).
+    /// Collective programs run (`distributed/collective.rs`).
     pub collectives: AtomicU64,
-    /// Flushes run on the flush thread (`overlap.rs`).
+    /// Flushes run on the flush thread (`exec/overlap.rs`).
     pub overlapped: AtomicU64,
     /// Fused programs compiled for a bucket of a changing size, flushes they
     /// ran, and buffers copied through the host into (`repads`) or out of
-    /// (`unpads`) a bucket's padded shape (`bounded.rs`).
+    /// (`unpads`) a bucket's padded shape (`exec/bounded.rs`).
     pub bucketed_programs: AtomicU64,
     pub bucketed_runs: AtomicU64,
     pub repads: AtomicU64,

@@ -271,7 +271,7 @@ fn warm_buckets(py: Python<'_>, up_to: i64, threads: usize) -> usize {
     py.detach(|| crate::exec::bounded::warm(up_to, threads))
 }
 
-/// The bucket a changing size of `s` compiles for (`bounded.rs`).
+/// The bucket a changing size of `s` compiles for (`exec/bounded.rs`).
 #[pyfunction]
 fn bucket(s: i64) -> i64 {
     crate::exec::bounded::bucket(s)

@@ -21,7 +21,7 @@ pub struct Ty {
     pub dtype: DType,
     pub shape: Vec<i64>,
     /// Bounded dynamic dimensions (a bit per dimension; `shape` holds their
-    /// bounds): only in programs compiled for a bucket (`bounded.rs`).
+    /// bounds): only in programs compiled for a bucket (`exec/bounded.rs`).
     pub dynamic: u64,
 }
 
@@ -173,11 +173,11 @@ pub enum Op {
         config: String,
         results: Vec<Ty>,
     },
-    /// A call of an external kernel's entry function (`kernel.rs`); the
+    /// A call of an external kernel's entry function (`ir/kernel.rs`); the
     /// node is its first result, [`Op::Result`] nodes the others.
     Call(std::sync::Arc<crate::ir::kernel::Kernel>),
     /// A collective across the replicas of a replicated program
-    /// (`collective.rs`), all `replicas` of them in one group.
+    /// (`distributed/collective.rs`), all `replicas` of them in one group.
     Collective {
         kind: Collective,
         replicas: i64,

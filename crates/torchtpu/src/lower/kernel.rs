@@ -1,5 +1,5 @@
 //! `torchtpu::kernel(int kernel, Tensor[] inputs) -> Tensor[]`: a call of a
-//! registered external kernel (`kernel.rs`) on tpu tensors; the front end's
+//! registered external kernel (`ir/kernel.rs`) on tpu tensors; the front end's
 //! `differentiable_kernel` (the same call, with autograd) lowers the same.
 use super::{op, Cx, Entry};
 use crate::error::{Error, Result};

@@ -189,7 +189,7 @@ fn batch_norm(cx: &mut Cx) -> Result<Vec<V>> {
         let n = xt.numel() / shape[1];
         let c = [shape[1]];
         // n and n - 1 as constants of their own: a program bucketed over a
-        // changing batch computes both from its size (`bounded.rs`).
+        // changing batch computes both from its size (`exec/bounded.rs`).
         let (count, less) = (cx.g.full(n as f64, ct, &c), cx.g.full((n - 1) as f64, ct, &c));
         let sum = mul(cx, v, count);
         let v = cx.g.binary("stablehlo.divide", sum, less);

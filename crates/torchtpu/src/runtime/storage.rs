@@ -22,7 +22,7 @@ pub struct DeviceBuffer {
     pub buf: ManuallyDrop<pjrt::Buffer>,
     pub ty: Ty,
     /// The buffer's shape where it is larger than `ty`'s: the output of a
-    /// program compiled for a bucket (`bounded.rs`), whose contents are the
+    /// program compiled for a bucket (`exec/bounded.rs`), whose contents are the
     /// box `ty.shape` at its origin; the rest is padding nobody reads.
     pub padded: Option<Vec<i64>>,
     pub device: usize,
@@ -82,7 +82,7 @@ impl Drop for DeviceBuffer {
 /// A value recorded in fused mode's trace: node `node` of trace `epoch`.
 /// Whoever holds it keeps it alive, which is what makes the flushed program
 /// output it; the flush then fills `result`, at once or (a trace flushed at
-/// a step's end, `overlap.rs`) on the flush thread.
+/// a step's end, `exec/overlap.rs`) on the flush thread.
 pub struct Pending {
     pub epoch: u64,
     pub node: V,
