@@ -44,6 +44,7 @@ fn main() {
         "csrc/hooks.cpp",
         "csrc/host_allocator.cpp",
         "csrc/kernel.cpp",
+        "csrc/precision.cpp",
         "csrc/store.cpp",
     ];
     cc::Build::new()

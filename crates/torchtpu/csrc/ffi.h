@@ -195,6 +195,15 @@ int tt_idle(uint8_t* idle);
 // a device (ops that draw random numbers without a generator argument).
 uint64_t tt_adapter_default_seed(int32_t device);
 
+// Implemented by the adapter (precision.cpp): PyTorch's float32 matmul
+// setting, as the precision float32 dots and convolutions carry.
+enum {
+  TT_PRECISION_DEFAULT = 0,  // "medium": one bfloat16 pass on a TPU
+  TT_PRECISION_HIGH = 1,     // "high": TF32, or three bfloat16 passes
+  TT_PRECISION_HIGHEST = 2,  // "highest": full float32
+};
+int32_t tt_adapter_f32_precision(void);
+
 // Implemented by the adapter (kernel.cpp): custom kernels' fast path from
 // Python. A table per decorated kernel maps call signatures to lowered kernels
 // of one output; `args` is the call's Python tuple (the GIL held).

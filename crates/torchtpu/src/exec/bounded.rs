@@ -852,7 +852,7 @@ fn op_name(op: &Op) -> &'static str {
         Op::Sort { .. } => "a sort along a changing size",
         Op::Pad { .. } => "a pad of a changing size",
         Op::Reverse(_) => "a reverse along a changing size",
-        Op::Convolution(_) => "a convolution over a changing size",
+        Op::Convolution(..) => "a convolution over a changing size",
         _ => "an op without bounded dimensions",
     }
 }

@@ -81,9 +81,12 @@ pub fn free(id: u64) {
 }
 
 /// Numbers are part of a graph's signature: a graph may do Python
-/// arithmetic on them, which capture would bake in.
+/// arithmetic on them, which capture would bake in. So is the float32
+/// matmul setting its dots were captured with.
 fn signature(id: u64, args: &[Arg]) -> Vec<u64> {
-    exec::signature(id, |_| false, args)
+    let mut key = exec::signature(id, |_| false, args);
+    key.push(exec::f32_precision() as u64);
+    key
 }
 
 /// Runs graph `id` on `args` (its tensors, then its numbers): the new

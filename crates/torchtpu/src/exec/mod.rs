@@ -13,7 +13,7 @@ use std::time::Instant;
 
 use crate::error::{Error, Result};
 use crate::ir::dtype::DType;
-use crate::ir::Ty;
+use crate::ir::{Precision, Ty};
 use crate::lower::args::{Arg, Backing, Tensor};
 use crate::lower::{self, Cx, Input, OpDef};
 use crate::metrics::{add, bump, METRICS};
@@ -249,8 +249,15 @@ pub fn signature(id: u64, runtime: impl Fn(usize) -> bool, args: &[Arg]) -> Key 
     key
 }
 
-fn build(op: &OpDef, lower: lower::Lowering, args: &[Arg], device: usize, sizes: Vec<i64>) -> Result<Plan> {
-    let mut cx = Cx::new(op, args, device, sizes);
+fn build(
+    op: &OpDef,
+    lower: lower::Lowering,
+    args: &[Arg],
+    device: usize,
+    sizes: Vec<i64>,
+    precision: Precision,
+) -> Result<Plan> {
+    let mut cx = Cx::new(op, args, device, sizes, precision);
     let results = lower(&mut cx)?;
     let undefined = (0..results.len()).filter(|&i| results[i] == lower::UNDEFINED).collect();
     let outputs: Vec<_> = results.into_iter().filter(|&v| v != lower::UNDEFINED).collect();
@@ -307,12 +314,22 @@ fn cached(
     let mut key = signature(op.id as u64, |i| op.is_runtime(i), args);
     key.extend(tag);
     key.extend(sizes.iter().map(|&s| s as u64));
+    // The setting is read only for overloads that have built float32 dots:
+    // plans cached before the first one never depended on it.
+    let follows = op.follows_precision.load(Ordering::Relaxed);
+    let precision = follows.then(f32_precision);
+    if let Some(p) = precision {
+        key.push(p as u64);
+    }
     if let Some(p) = PLANS.read().unwrap().get(&key) {
         bump(&METRICS.plan_hits);
         return Ok(p.clone());
     }
     bump(&METRICS.plan_misses);
-    let p = Arc::new(build(op, lower, args, device, sizes)?);
+    let p = Arc::new(build(op, lower, args, device, sizes, precision.unwrap_or_else(f32_precision))?);
+    if !follows && p.graph.uses_f32_precision() {
+        op.follows_precision.store(true, Ordering::Relaxed);
+    }
     PLANS.write().unwrap().insert(key, p.clone());
     Ok(p)
 }
@@ -337,6 +354,14 @@ fn measure(op: &OpDef, measure: lower::Lowering, args: &[Arg], device: usize) ->
 extern "C" {
     /// A seed drawn from tpu:`device`'s default generator (the adapter's).
     fn tt_adapter_default_seed(device: i32) -> u64;
+    /// PyTorch's float32 matmul setting (`TT_PRECISION_*`, csrc/precision.cpp).
+    fn tt_adapter_f32_precision() -> i32;
+}
+
+/// What float32 dots and convolutions recorded now carry.
+pub fn f32_precision() -> Precision {
+    // SAFETY: reads PyTorch's global settings; no argument.
+    Precision::from_code(unsafe { tt_adapter_f32_precision() })
 }
 
 /// Small uploads (scalars) reused by value: a constant `alpha` or learning

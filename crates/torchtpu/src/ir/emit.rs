@@ -2,7 +2,7 @@
 use std::fmt::Write;
 
 use crate::ir::dtype::DType;
-use crate::ir::{Collective, Graph, Op, ReduceKind, Ty, V};
+use crate::ir::{Collective, Graph, Op, Precision, ReduceKind, Ty, V};
 
 fn tensor(t: &Ty) -> String {
     let dynamic = |i: usize| t.dynamic >> i & 1 == 1;
@@ -37,6 +37,17 @@ fn array(v: &[i64]) -> String {
 }
 
 /// A literal for `dense<...>`: floats by bit pattern, so inf and NaN survive.
+/// A dot's or convolution's `precision_config` attribute, after a comma;
+/// none for XLA's default.
+fn precision_config(precision: Precision) -> String {
+    let name = match precision {
+        Precision::Default => return String::new(),
+        Precision::High => "HIGH",
+        Precision::Highest => "HIGHEST",
+    };
+    format!(", precision_config = [#stablehlo<precision {name}>, #stablehlo<precision {name}>]")
+}
+
 fn literal(bits: i64, dtype: DType) -> String {
     match dtype {
         DType::Bool => (if bits != 0 { "true" } else { "false" }).into(),
@@ -254,7 +265,7 @@ impl Emitter<'_> {
             Op::Reverse(d) => self.line(v, "stablehlo.reverse", &format!("dimensions = {}", array(d))),
             Op::Reduce { kind, dims } => self.reduce(v, *kind, dims),
             Op::ArgReduce { max, dim } => self.arg_reduce(v, *max, *dim),
-            Op::DotGeneral { lhs_batch, rhs_batch, lhs_contract, rhs_contract } => {
+            Op::DotGeneral { lhs_batch, rhs_batch, lhs_contract, rhs_contract, precision } => {
                 let mut fields = Vec::new();
                 if !lhs_batch.is_empty() {
                     fields.push(format!("lhs_batching_dimensions = [{}]", ints(lhs_batch)));
@@ -262,13 +273,10 @@ impl Emitter<'_> {
                 }
                 fields.push(format!("lhs_contracting_dimensions = [{}]", ints(lhs_contract)));
                 fields.push(format!("rhs_contracting_dimensions = [{}]", ints(rhs_contract)));
-                self.line(
-                    v,
-                    "stablehlo.dot_general",
-                    &format!("dot_dimension_numbers = #stablehlo.dot<{}>", fields.join(", ")),
-                )
+                let dims = format!("dot_dimension_numbers = #stablehlo.dot<{}>", fields.join(", "));
+                self.line(v, "stablehlo.dot_general", &(dims + &precision_config(*precision)))
             }
-            Op::Convolution(c) => {
+            Op::Convolution(c, precision) => {
                 let pads: Vec<String> = c.padding.iter().map(|(lo, hi)| format!("[{lo}, {hi}]")).collect();
                 let attrs = format!(
                     "batch_group_count = {} : i64, dimension_numbers = #stablehlo.conv<raw input_batch_dimension = {}, input_feature_dimension = {}, input_spatial_dimensions = [{}], kernel_input_feature_dimension = {}, kernel_output_feature_dimension = {}, kernel_spatial_dimensions = [{}], output_batch_dimension = {}, output_feature_dimension = {}, output_spatial_dimensions = [{}]>, feature_group_count = {} : i64, lhs_dilation = {}, padding = dense<[{}]> : tensor<{}x2xi64>, rhs_dilation = {}, window_strides = {}",
@@ -289,7 +297,7 @@ impl Emitter<'_> {
                     array(&c.rhs_dilation),
                     array(&c.strides)
                 );
-                self.line(v, "stablehlo.convolution", &attrs)
+                self.line(v, "stablehlo.convolution", &(attrs + &precision_config(*precision)))
             }
             Op::Take { axis } => self.take(v, *axis),
             Op::Put { axis, combine } => self.put(v, *axis, *combine),
@@ -608,4 +616,29 @@ pub fn emit(g: &Graph) -> String {
     }
     e.out.push_str("}\n");
     e.out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The program of one matmul of two [4, 4] `dtype` parameters.
+    fn matmul(dtype: DType, precision: Precision) -> String {
+        let mut g = Graph::default();
+        let (a, b) = (g.param(Ty::new(dtype, &[4, 4])), g.param(Ty::new(dtype, &[4, 4])));
+        let c = g.matmul(a, b, precision);
+        g.outputs = vec![c];
+        emit(&g)
+    }
+
+    #[test]
+    fn float32_dots_carry_their_precision() {
+        let highest = "precision_config = [#stablehlo<precision HIGHEST>, #stablehlo<precision HIGHEST>]";
+        assert!(matmul(DType::F32, Precision::Highest).contains(highest));
+        assert!(matmul(DType::F32, Precision::High).contains("#stablehlo<precision HIGH>"));
+        assert!(!matmul(DType::F32, Precision::Default).contains("precision_config"));
+        // Other dtypes never depend on the setting.
+        assert!(!matmul(DType::BF16, Precision::Highest).contains("precision_config"));
+        assert_eq!(matmul(DType::F64, Precision::Highest), matmul(DType::F64, Precision::Default));
+    }
 }

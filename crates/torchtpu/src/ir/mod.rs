@@ -69,6 +69,43 @@ pub struct Conv {
     pub batch_groups: i64,
 }
 
+/// What a float32 (or complex64) dot or convolution may round its operands
+/// to, as XLA's operand precision: PyTorch's float32 matmul setting
+/// (DESIGN §10). Other dtypes always carry `Default`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Precision {
+    /// One bfloat16 pass on a TPU, TF32 on a GPU ("medium").
+    Default = 0,
+    /// TF32 on a GPU, three bfloat16 passes on a TPU ("high").
+    High = 1,
+    /// Full float32 everywhere ("highest", PyTorch's default).
+    Highest = 2,
+}
+
+impl Precision {
+    pub fn from_code(code: i32) -> Precision {
+        match code {
+            0 => Precision::Default,
+            1 => Precision::High,
+            _ => Precision::Highest,
+        }
+    }
+
+    /// The precision a dot or convolution of `dtype` operands carries.
+    fn of(self, dtype: DType) -> Precision {
+        if follows_precision(dtype) {
+            self
+        } else {
+            Precision::Default
+        }
+    }
+}
+
+/// Whether dots and convolutions of `dtype` follow the float32 setting.
+fn follows_precision(dtype: DType) -> bool {
+    matches!(dtype, DType::F32 | DType::C64)
+}
+
 /// The size of `n` elements with `d - 1` holes between neighbours.
 pub fn dilated(n: i64, d: i64) -> i64 {
     if n == 0 {
@@ -124,8 +161,9 @@ pub enum Op {
         rhs_batch: Vec<i64>,
         lhs_contract: Vec<i64>,
         rhs_contract: Vec<i64>,
+        precision: Precision,
     },
-    Convolution(Conv),
+    Convolution(Conv, Precision),
     /// operand[indices] along `axis`: gathers whole slices (index_select).
     Take {
         axis: i64,
@@ -441,24 +479,53 @@ impl Graph {
     }
 
     /// Batched matmul: lhs [b.., m, k] · rhs [b.., k, n] -> [b.., m, n].
-    pub fn matmul(&mut self, lhs: V, rhs: V) -> V {
-        let (l, r) = (self.ty(lhs).clone(), self.ty(rhs).clone());
-        let nb = l.rank() - 2;
+    pub fn matmul(&mut self, lhs: V, rhs: V, precision: Precision) -> V {
+        let nb = self.ty(lhs).rank() - 2;
         let batch: Vec<i64> = (0..nb as i64).collect();
-        let mut shape = l.shape[..nb].to_vec();
-        shape.push(l.shape[nb]);
-        shape.push(r.shape[nb + 1]);
+        self.dot_general(lhs, rhs, (&batch, &batch), (&[nb as i64 + 1], &[nb as i64]), precision)
+    }
+
+    /// XLA's dot_general: the result's dimensions are the batch ones, then
+    /// lhs's free ones, then rhs's free ones.
+    pub fn dot_general(
+        &mut self,
+        lhs: V,
+        rhs: V,
+        batch: (&[i64], &[i64]),
+        contract: (&[i64], &[i64]),
+        precision: Precision,
+    ) -> V {
+        let (l, r) = (self.ty(lhs).clone(), self.ty(rhs).clone());
+        let free = |t: &Ty, batch: &[i64], contract: &[i64]| -> Vec<i64> {
+            (0..t.rank() as i64)
+                .filter(|d| !batch.contains(d) && !contract.contains(d))
+                .map(|d| t.shape[d as usize])
+                .collect()
+        };
+        let mut shape: Vec<i64> = batch.0.iter().map(|&d| l.shape[d as usize]).collect();
+        shape.extend(free(&l, batch.0, contract.0));
+        shape.extend(free(&r, batch.1, contract.1));
         let op = Op::DotGeneral {
-            lhs_batch: batch.clone(),
-            rhs_batch: batch,
-            lhs_contract: vec![nb as i64 + 1],
-            rhs_contract: vec![nb as i64],
+            lhs_batch: batch.0.to_vec(),
+            rhs_batch: batch.1.to_vec(),
+            lhs_contract: contract.0.to_vec(),
+            rhs_contract: contract.1.to_vec(),
+            precision: precision.of(l.dtype),
         };
         self.push(op, vec![lhs, rhs], Ty::new(l.dtype, &shape))
     }
 
+    /// Whether the graph has a float32 or complex64 dot or convolution: its
+    /// program depends on PyTorch's float32 matmul setting.
+    pub fn uses_f32_precision(&self) -> bool {
+        self.nodes.iter().any(|n| match n.op {
+            Op::DotGeneral { .. } | Op::Convolution(..) => follows_precision(self.ty(n.args[0]).dtype),
+            _ => false,
+        })
+    }
+
     /// Convolution of `lhs` (input) with `rhs` (kernel), same dtype.
-    pub fn convolution(&mut self, lhs: V, rhs: V, c: Conv) -> V {
+    pub fn convolution(&mut self, lhs: V, rhs: V, c: Conv, precision: Precision) -> V {
         let (l, r) = (self.ty(lhs).clone(), self.ty(rhs).clone());
         let mut shape = vec![0; l.rank()];
         shape[c.out[0] as usize] = l.shape[c.lhs[0] as usize] / c.batch_groups;
@@ -469,7 +536,7 @@ impl Graph {
             let window = dilated(r.shape[c.rhs[i + 2] as usize], c.rhs_dilation[i]);
             shape[c.out[i + 2] as usize] = if input < window { 0 } else { (input - window) / c.strides[i] + 1 };
         }
-        self.push(Op::Convolution(c), vec![lhs, rhs], Ty::new(l.dtype, &shape))
+        self.push(Op::Convolution(c, precision.of(l.dtype)), vec![lhs, rhs], Ty::new(l.dtype, &shape))
     }
 
     /// Slices of `a` along `axis` picked by integer `indices` (any shape):

@@ -25,7 +25,7 @@ fn linear(cx: &mut Cx, x: V, w: V, b: V) -> V {
     let (rows, n) = (lead.iter().product::<i64>(), cx.g.ty(w).shape[0]);
     let x = cx.g.reshape(x, &[rows, k]);
     let wt = cx.g.transpose(w, &[1, 0]);
-    let y = cx.g.matmul(x, wt);
+    let y = cx.g.matmul(x, wt, cx.precision);
     let b = cx.g.broadcast_in_dim(b, &[rows, n], &[1]);
     let y = add(cx, y, b);
     cx.g.reshape(y, &[lead, &[n]].concat())
@@ -160,7 +160,7 @@ fn multi_head_attention(cx: &mut Cx) -> Result<Vec<V>> {
     let scale = cx.g.full(1.0 / (dh as f64).sqrt(), ct, &[b, heads, t, dh]);
     let q_scaled = mul(cx, qkv[0], scale);
     let kt = cx.g.transpose(qkv[1], &[0, 1, 3, 2]);
-    let scores = cx.g.matmul(q_scaled, kt);
+    let scores = cx.g.matmul(q_scaled, kt, cx.precision);
     let weights = if cx.is_none("mask") {
         let (_, e, sum) = exp_shifted(cx, scores, &[3]);
         div(cx, e, sum)
@@ -172,7 +172,7 @@ fn multi_head_attention(cx: &mut Cx) -> Result<Vec<V>> {
         let mask = if m.dtype == DType::Bool { mask } else { cx.g.compare("NE", mask, zero) };
         softmax_without(cx, scores, mask, &[3])
     };
-    let context = cx.g.matmul(weights, qkv[2]);
+    let context = cx.g.matmul(weights, qkv[2], cx.precision);
     let context = cx.g.transpose(context, &[0, 2, 1, 3]);
     let context = cx.g.reshape(context, &[b, t, d]);
     let out = linear(cx, context, proj_w, proj_b);

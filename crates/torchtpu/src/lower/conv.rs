@@ -203,7 +203,7 @@ fn input_grad(cx: &mut Cx, g: V, kernel: V, c: &Conv, lhs: &[i64]) -> V {
         feature_groups: c.feature_groups,
         batch_groups: 1,
     };
-    cx.g.convolution(g, kernel, t)
+    cx.g.convolution(g, kernel, t, cx.precision)
 }
 
 /// The gradient of `c`'s kernel (of shape `rhs`) from the output's `g`: the
@@ -234,7 +234,7 @@ fn kernel_grad(cx: &mut Cx, g: V, input: V, c: &Conv, rhs: &[i64]) -> V {
         batch_groups: 1,
     };
     if c.feature_groups == 1 {
-        return cx.g.convolution(input, g, t);
+        return cx.g.convolution(input, g, t, cx.precision);
     }
     // Each group's kernel contracts its own input and output features over
     // the batch. As a batch-grouped convolution (JAX's form) XLA:CPU expands
@@ -247,7 +247,7 @@ fn kernel_grad(cx: &mut Cx, g: V, input: V, c: &Conv, rhs: &[i64]) -> V {
     let x = batch_into_features(cx, input, groups, &[2, 1, 0], false);
     let g = batch_into_features(cx, g, groups, &[1, 2, 0], true);
     let t = Conv { lhs: identity(xs.len()), rhs: identity(gs.len()), feature_groups: groups, ..t };
-    cx.g.convolution(x, g, t)
+    cx.g.convolution(x, g, t, cx.precision)
 }
 
 /// [N, G f, spatial...] with the axes (N, G, f) put in `order`, the last two
@@ -355,7 +355,7 @@ fn apply_tap(cx: &mut Cx, kind: Taps, s: V, w: V, k: i64, transposed: bool) -> V
             let t = if transposed { cx.g.transpose(t, &[1, 0]) } else { t };
             let out = cx.g.ty(t).shape[0];
             let flat = channels_first(cx, s);
-            let y = cx.g.matmul(t, flat);
+            let y = cx.g.matmul(t, flat, cx.precision);
             let like: Vec<i64> = [shape[0], out].iter().chain(&shape[2..]).copied().collect();
             channels_second(cx, y, &like)
         }
@@ -413,7 +413,7 @@ fn tap_backward(
                 Some(gf) => {
                     let sf = channels_first(cx, s);
                     let sf = cx.g.transpose(sf, &[1, 0]);
-                    let r = cx.g.matmul(gf, sf);
+                    let r = cx.g.matmul(gf, sf, cx.precision);
                     let r_shape = cx.g.ty(r).shape.clone();
                     cx.g.reshape(r, &[r_shape[0], r_shape[1], 1])
                 }
@@ -442,7 +442,7 @@ fn convolution(cx: &mut Cx) -> Result<Vec<V>> {
         Some((kind, win)) => tap_sum(cx, kind, x, w, &win, false),
         None => {
             let rhs = kernel(cx, w, &p);
-            cx.g.convolution(x, rhs, forward_conv(&p, wt.sizes))
+            cx.g.convolution(x, rhs, forward_conv(&p, wt.sizes), cx.precision)
         }
     };
     if let Some(b) = cx.opt_tensor("bias")? {

@@ -237,7 +237,7 @@ fn euclidean(cx: &mut Cx, x1: V, x2: V, batch: &[i64], r1: i64, r2: i64, c: i64)
     let n = batch.len() as i64;
     let perm: Vec<i64> = (0..n).chain([n + 1, n]).collect();
     let b = cx.g.transpose(b, &perm);
-    let prod = cx.g.matmul(a, b);
+    let prod = cx.g.matmul(a, b, cx.precision);
     let zero = full_like(cx, 0.0, prod);
     let clamped = cx.g.binary("stablehlo.maximum", prod, zero);
     let r = cx.g.unary("stablehlo.sqrt", clamped);

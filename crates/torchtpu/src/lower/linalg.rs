@@ -84,7 +84,7 @@ fn product(cx: &mut Cx, a: &str, b: &str, kernel: &str) -> Result<V> {
     if tb.sizes.len() == 1 {
         y = cx.g.reshape(y, &[tb.sizes[0], 1]);
     }
-    let p = cx.g.matmul(x, y);
+    let p = cx.g.matmul(x, y, cx.precision);
     Ok(cx.g.reshape(p, &shape))
 }
 
@@ -177,10 +177,10 @@ fn grouped_mm(cx: &mut Cx) -> Result<Vec<V>> {
     let (x, y) = (cx.g.convert(x, ct), cx.g.convert(y, ct));
     let offs = cx.opt_tensor("offs")?;
     let r = match (a.sizes, b.sizes, offs) {
-        (&[_, _, _], &[_, _, _], None) => cx.g.matmul(x, y),
+        (&[_, _, _], &[_, _, _], None) => cx.g.matmul(x, y, cx.precision),
         (&[m, k], &[e, _, n], Some(offs)) => {
             let xe = cx.g.broadcast_in_dim(x, &[e, m, k], &[1, 2]);
-            let all = cx.g.matmul(xe, y);
+            let all = cx.g.matmul(xe, y, cx.precision);
             let mask = group_mask(cx, offs, m);
             let mask = cx.g.broadcast_in_dim(mask, &[e, m, n], &[0, 1]);
             let zero = cx.g.full(0.0, ct, &[e, m, n]);
@@ -195,7 +195,7 @@ fn grouped_mm(cx: &mut Cx) -> Result<Vec<V>> {
             let zero = cx.g.full(0.0, ct, &[e, m, k]);
             let xe = cx.g.select(mask, xe, zero);
             let ye = cx.g.broadcast_in_dim(y, &[e, k, n], &[1, 2]);
-            cx.g.matmul(xe, ye)
+            cx.g.matmul(xe, ye, cx.precision)
         }
         _ => {
             return Err(Error::not_implemented(format!(

@@ -15,11 +15,12 @@
 //! `writes` because the schema does not mark it) returns their next values
 //! after its results, one per defined written argument in schema order
 //! ([`Cx::writes`]); the adapter writes them back as it does out= results.
+use std::sync::atomic::AtomicBool;
 use std::sync::RwLock;
 
 use crate::error::{Error, Kind, Result};
 use crate::ir::dtype::{result_type, DType, Priority};
-use crate::ir::{view, Graph, Ty, V};
+use crate::ir::{view, Graph, Precision, Ty, V};
 use args::{Arg, Tensor};
 
 pub mod args;
@@ -145,6 +146,9 @@ pub struct OpDef {
     pub name: String,
     pub entry: &'static Entry,
     pub args: Vec<ArgDef>,
+    /// Set once a lowering of this overload built a float32 dot or
+    /// convolution: its calls' plans then depend on the matmul setting.
+    pub follows_precision: AtomicBool,
 }
 
 impl OpDef {
@@ -172,7 +176,8 @@ pub fn register(name: &str, overload: &str, args: Vec<ArgDef>, inplace: bool) ->
     let mut ops = OPS.write().unwrap();
     let id = ops.len() as i32;
     let full = if overload.is_empty() { name.to_string() } else { format!("{name}.{overload}") };
-    ops.push(Box::leak(Box::new(OpDef { id, name: full, entry, args })));
+    let follows_precision = AtomicBool::new(false);
+    ops.push(Box::leak(Box::new(OpDef { id, name: full, entry, args, follows_precision })));
     Some(id)
 }
 
@@ -212,7 +217,13 @@ fn contiguous(cx: &mut Cx) -> Result<Vec<V>> {
 pub fn internal(name: &str, id: i32) -> OpDef {
     let arg = |n: &str| ArgDef { name: n.into(), ty: "Tensor".into(), is_out: false, is_written: false };
     let entry = COPY_ENTRIES.iter().find(|e| e.name == name).expect("internal op");
-    OpDef { id, name: name.into(), entry, args: vec![arg("src"), arg("dst")] }
+    OpDef {
+        id,
+        name: name.into(),
+        entry,
+        args: vec![arg("src"), arg("dst")],
+        follows_precision: AtomicBool::new(false),
+    }
 }
 
 /// Where a compiled program's runtime input comes from.
@@ -258,12 +269,15 @@ pub struct Cx<'a> {
     pub checks: Vec<Check>,
     /// The values the entry's `measure` computed for this call.
     pub sizes: Vec<i64>,
+    /// What this call's float32 dots and convolutions carry: PyTorch's
+    /// float32 matmul setting when the call was made.
+    pub precision: Precision,
     /// The storages read so far (by address) and their values in the graph.
     storages: Vec<(*const (), V)>,
 }
 
 impl<'a> Cx<'a> {
-    pub fn new(op: &'a OpDef, args: &'a [Arg<'a>], device: usize, sizes: Vec<i64>) -> Cx<'a> {
+    pub fn new(op: &'a OpDef, args: &'a [Arg<'a>], device: usize, sizes: Vec<i64>, precision: Precision) -> Cx<'a> {
         Cx {
             g: Graph::default(),
             op,
@@ -272,6 +286,7 @@ impl<'a> Cx<'a> {
             device,
             checks: Vec::new(),
             sizes,
+            precision,
             storages: Vec::new(),
         }
     }

@@ -14,7 +14,7 @@ use super::nn::{add, mul};
 use super::{op, Cx, Entry};
 use crate::error::{Error, Result};
 use crate::ir::dtype::{opmath, DType};
-use crate::ir::{dilated, Op, ReduceKind, Ty, V};
+use crate::ir::{dilated, Precision, ReduceKind, V};
 
 pub static ENTRIES: &[Entry] = &[
     op("max_pool2d_with_indices", |cx| max_pool(cx, 2)),
@@ -428,14 +428,9 @@ fn averaging_matrix(cx: &mut Cx, input: i64, output: i64, dtype: DType) -> V {
 
 /// `x` with dimension `dim` multiplied by `m` ([n, x.shape[dim]]).
 fn apply_along(cx: &mut Cx, x: V, dim: usize, m: V) -> V {
-    let t = cx.g.ty(x).clone();
-    let n = cx.g.ty(m).shape[0];
-    let mut shape: Vec<i64> = t.shape.iter().enumerate().filter(|&(i, _)| i != dim).map(|(_, &s)| s).collect();
-    shape.push(n);
-    let op =
-        Op::DotGeneral { lhs_batch: vec![], rhs_batch: vec![], lhs_contract: vec![dim as i64], rhs_contract: vec![1] };
-    let r = cx.g.push(op, vec![x, m], Ty::new(t.dtype, &shape));
-    let last = shape.len() as i64 - 1;
+    // Exact as CPU's loops, whatever the matmul setting: this is pooling.
+    let r = cx.g.dot_general(x, m, (&[], &[]), (&[dim as i64], &[1]), Precision::Highest);
+    let last = cx.g.ty(r).rank() as i64 - 1;
     let perm: Vec<i64> = (0..last).take(dim).chain([last]).chain(dim as i64..last).collect();
     cx.g.transpose(r, &perm)
 }

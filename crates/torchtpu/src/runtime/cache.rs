@@ -595,7 +595,7 @@ fn verify<'a>(bytes: &'a [u8], key: Key, kinds: &[&[u8; 8]]) -> std::result::Res
 mod tests {
     use super::*;
     use crate::ir::dtype::DType;
-    use crate::ir::{Op, Ty};
+    use crate::ir::{Op, Precision, Ty};
 
     #[test]
     fn failed_compilation_names_its_dump() {
@@ -607,7 +607,13 @@ mod tests {
         let mut g = Graph::default();
         let a = g.param(Ty::new(DType::F32, &[2, 3]));
         let b = g.param(Ty::new(DType::F32, &[4, 5]));
-        let op = Op::DotGeneral { lhs_batch: vec![], rhs_batch: vec![], lhs_contract: vec![1], rhs_contract: vec![0] };
+        let op = Op::DotGeneral {
+            lhs_batch: vec![],
+            rhs_batch: vec![],
+            lhs_contract: vec![1],
+            rhs_contract: vec![0],
+            precision: Precision::Highest,
+        };
         g.outputs = vec![g.push(op, vec![a, b], Ty::new(DType::F32, &[2, 5]))];
         let err = compile(&g, "aten::mm").err().expect("XLA rejects the program");
         let path = err.message.rsplit("StableHLO written to ").next().unwrap().trim();
