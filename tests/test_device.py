@@ -237,3 +237,29 @@ def test_lowerings_are_not_hidden_by_composites():
         if has(qualified, "CompositeImplicitAutograd") and has(qualified, "CPU") and not has(qualified, "PrivateUse1"):
             hidden.append(qualified)
     assert hidden == []
+
+
+def test_gpu_client_takes_memory_on_demand(monkeypatch):
+    """The options a GPU plugin's client is created with: XLA's BFC allocator
+    growing on demand up to a share of the GPU (no share taken at start, so
+    that another process or PyTorch's CUDA allocator fits beside it), each
+    setting a variable away; a CPU plugin's are its device count."""
+    from torchtpu import _plugin
+
+    for var in ["TORCHTPU_GPU_ALLOCATOR", "TORCHTPU_GPU_PREALLOCATE", "TORCHTPU_GPU_MEMORY_FRACTION"]:
+        monkeypatch.delenv(var, raising=False)
+    gpu = "/opt/jax_plugins/xla_cuda13/xla_cuda_plugin.so"
+    monkeypatch.setenv("TORCHTPU_PJRT_PLUGIN", gpu)
+    assert _plugin.client_options(gpu, False) == {"allocator": "bfc", "preallocate": False, "memory_fraction": 0.75}
+    monkeypatch.setenv("TORCHTPU_GPU_ALLOCATOR", "platform")
+    monkeypatch.setenv("TORCHTPU_GPU_PREALLOCATE", "1")
+    monkeypatch.setenv("TORCHTPU_GPU_MEMORY_FRACTION", "0.4")
+    assert _plugin.client_options(gpu, False) == {"allocator": "platform", "preallocate": True, "memory_fraction": 0.4}
+    monkeypatch.setenv("TORCHTPU_GPU_MEMORY_FRACTION", "1.5")
+    with pytest.warns(UserWarning, match="not a fraction in"):
+        assert _plugin.client_options(gpu, False)["memory_fraction"] == 0.75
+    libtpu = "/site-packages/libtpu/libtpu.so"
+    monkeypatch.setenv("TORCHTPU_PJRT_PLUGIN", libtpu)
+    assert _plugin.client_options(libtpu, False) == {}
+    monkeypatch.setenv("TORCHTPU_DEVICE_COUNT", "3")
+    assert _plugin.client_options("xla_cpu_pjrt.so", True) == {"cpu_device_count": 3}

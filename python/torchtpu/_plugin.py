@@ -5,6 +5,7 @@ otherwise libtpu if installed, otherwise the xla-cpu-pjrt CPU plugin.
 """
 import importlib.util
 import os
+import warnings
 
 from . import _C
 
@@ -40,6 +41,41 @@ def spans_processes():
     return path is not None and not is_cpu and not os.path.basename(path).startswith("libtpu")
 
 
+def _gpu_memory_fraction():
+    value = os.environ.get("TORCHTPU_GPU_MEMORY_FRACTION", "0.75")
+    try:
+        fraction = float(value)
+    except ValueError:
+        fraction = -1.0
+    if 0 < fraction <= 1:
+        return fraction
+    warnings.warn(f"torchtpu: TORCHTPU_GPU_MEMORY_FRACTION={value!r} is not a fraction in (0, 1]; using 0.75")
+    return 0.75
+
+
+def client_options(path, is_cpu):
+    """The plugin's client options. On a GPU, memory is taken on demand (XLA's
+    BFC allocator, growing up to TORCHTPU_GPU_MEMORY_FRACTION of the GPU,
+    default 0.75) rather than XLA's default of preallocating that share at
+    start, so that another process, or PyTorch's CUDA allocator, can share
+    the GPU; TORCHTPU_GPU_PREALLOCATE=1 preallocates it, and
+    TORCHTPU_GPU_ALLOCATOR picks XLA's allocator (bfc, platform: allocate and
+    free each buffer exactly, cuda_async)."""
+    if is_cpu:
+        # The CPU plugin would split this machine into 4 devices by default.
+        # Under torchrun each process gets as many as there are local ranks,
+        # so that `tpu:<local rank>` exists in every one (each uses its own).
+        default = os.environ.get("LOCAL_WORLD_SIZE", "1")
+        return {"cpu_device_count": int(os.environ.get("TORCHTPU_DEVICE_COUNT", default))}
+    if not spans_processes():
+        return {}  # libtpu: a TPU host's memory is the process's own
+    return {
+        "allocator": os.environ.get("TORCHTPU_GPU_ALLOCATOR", "bfc"),
+        "preallocate": os.environ.get("TORCHTPU_GPU_PREALLOCATE", "0") == "1",
+        "memory_fraction": _gpu_memory_fraction(),
+    }
+
+
 def configure_plugin():
     path, is_cpu = find_plugin()
     if path is None:
@@ -52,9 +88,4 @@ def configure_plugin():
         flags = os.environ.get("XLA_FLAGS", "")
         if "xla_cpu_use_xnnpack" not in flags:
             os.environ["XLA_FLAGS"] = (flags + " --xla_cpu_use_xnnpack=false").strip()
-    # The CPU plugin would split this machine into 4 devices by default. Under
-    # torchrun each process gets as many as there are local ranks, so that
-    # `tpu:<local rank>` exists in every one (each uses its own).
-    default = os.environ.get("LOCAL_WORLD_SIZE", "1")
-    count = int(os.environ.get("TORCHTPU_DEVICE_COUNT", default)) if is_cpu else None
-    _C.configure(path, count)
+    _C.configure(path, client_options(path, is_cpu))

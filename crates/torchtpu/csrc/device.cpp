@@ -16,6 +16,7 @@ void check(int status) {
     case TT_ERR_TYPE: TORCH_CHECK_TYPE(false, msg);
     case TT_ERR_NOT_IMPLEMENTED: TORCH_CHECK_NOT_IMPLEMENTED(false, msg);
     case TT_ERR_LINALG: TORCH_CHECK_LINALG(false, msg);
+    case TT_ERR_OUT_OF_MEMORY: TORCH_CHECK_WITH(OutOfMemoryError, false, msg);
     default: TORCH_CHECK(false, msg);
   }
 }

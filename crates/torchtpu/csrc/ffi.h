@@ -22,6 +22,7 @@ enum {
   TT_ERR_LINALG = 6,          // torch.linalg.LinAlgError
   TT_FALLBACK = 7,            // not an error: run this call on the CPU
   TT_GRAPH_MISS = 8,          // not an error: the compiled graph has no plan for this signature yet
+  TT_ERR_OUT_OF_MEMORY = 9,   // torch.OutOfMemoryError
 };
 
 // A tensor argument: a tpu view of a Rust storage, or a CPU tensor (scalars

@@ -13,6 +13,8 @@ pub enum Kind {
     /// Not an error: this call's arguments are beyond the lowering (complex
     /// tensors), so the adapter runs it through the counted CPU fallback.
     Fallback = 7,
+    /// torch.OutOfMemoryError (a RuntimeError): the device's memory is exhausted.
+    OutOfMemory = 9,
 }
 
 #[derive(Clone, Debug)]
@@ -51,9 +53,32 @@ impl fmt::Display for Error {
     }
 }
 
+/// PJRT's (absl's) status code of exhausted device memory.
+const RESOURCE_EXHAUSTED: i32 = 8;
+
 impl From<pjrt::Error> for Error {
     fn from(e: pjrt::Error) -> Error {
-        Error::runtime(format!("XLA: {e}"))
+        let kind = if e.code == RESOURCE_EXHAUSTED { Kind::OutOfMemory } else { Kind::Runtime };
+        Error { kind, message: format!("XLA: {e}") }
+    }
+}
+
+impl Error {
+    /// `e` said of `what` on tpu:`device`: out of memory (with what the user
+    /// can do about it) or a failure.
+    pub fn on_device(e: pjrt::Error, what: &str, device: usize) -> Error {
+        if e.code == RESOURCE_EXHAUSTED {
+            Error {
+                kind: Kind::OutOfMemory,
+                message: format!(
+                    "torchtpu: out of memory on tpu:{device} {what}: {}. Free tensors that are no longer needed (del them, \
+                     gc.collect()) or reduce the batch size.",
+                    e.message.trim_end_matches('.')
+                ),
+            }
+        } else {
+            Error::runtime(format!("torchtpu: {what} failed on tpu:{device}: {e}"))
+        }
     }
 }
 

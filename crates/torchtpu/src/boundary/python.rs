@@ -22,11 +22,27 @@ fn py_err(e: Error) -> PyErr {
     }
 }
 
-/// Chooses the PJRT plugin; returns False if the runtime already started.
+/// Chooses the PJRT plugin and its client's options (bool, int, float, str
+/// or a list of ints each); returns False if the runtime already started.
 #[pyfunction]
-#[pyo3(signature = (plugin, cpu_device_count=None))]
-fn configure(plugin: std::path::PathBuf, cpu_device_count: Option<i64>) -> bool {
-    runtime::configure(plugin, cpu_device_count)
+fn configure(plugin: std::path::PathBuf, options: &Bound<'_, PyDict>) -> PyResult<bool> {
+    let mut named = Vec::with_capacity(options.len());
+    for (name, value) in options.iter() {
+        // bool before int: Python's bools are ints (extracting a bool takes only bools).
+        let value = if let Ok(b) = value.extract::<bool>() {
+            pjrt::NamedValue::Bool(b)
+        } else if let Ok(i) = value.extract::<i64>() {
+            pjrt::NamedValue::Int64(i)
+        } else if let Ok(f) = value.extract::<f64>() {
+            pjrt::NamedValue::Float(f as f32)
+        } else if let Ok(s) = value.extract::<String>() {
+            pjrt::NamedValue::Str(s)
+        } else {
+            pjrt::NamedValue::Int64List(value.extract::<Vec<i64>>()?)
+        };
+        named.push((name.extract::<String>()?, value));
+    }
+    Ok(runtime::configure(plugin, named))
 }
 
 #[pyfunction]

@@ -375,7 +375,10 @@ pub fn cached_scalars() -> usize {
 
 pub fn upload(bytes: &[u8], ty: Ty, device: usize) -> Result<Arc<DeviceBuffer>> {
     let rt = runtime::get()?;
-    let buf = rt.client.buffer_from_host(bytes, ty.dtype.element_type(), &ty.shape, rt.device(device)?)?;
+    let buf = rt
+        .client
+        .buffer_from_host(bytes, ty.dtype.element_type(), &ty.shape, rt.device(device)?)
+        .map_err(|e| Error::on_device(e, &format!("allocating {} bytes", bytes.len()), device))?;
     bump(&METRICS.transfers_to_device);
     Ok(DeviceBuffer::new(buf, ty, device))
 }
@@ -559,18 +562,9 @@ fn execute(plan: &Plan, what: &str, args: &[Arg], device: usize) -> Result<Vec<A
     Ok(outs)
 }
 
-/// PJRT's error with what the user can do about it.
+/// PJRT's error launching `what`, with what the user can do about it.
 pub fn launch_error(e: pjrt::Error, what: &str, device: usize) -> Error {
-    const RESOURCE_EXHAUSTED: i32 = 8;
-    if e.code == RESOURCE_EXHAUSTED {
-        Error::runtime(format!(
-            "torchtpu: out of memory on tpu:{device} running {what}: {}. Free tensors that are no longer needed \
-             (del them, gc.collect()) or reduce the batch size.",
-            e.message
-        ))
-    } else {
-        Error::runtime(format!("torchtpu: {what} failed on tpu:{device}: {e}"))
-    }
+    Error::on_device(e, &format!("running {what}"), device)
 }
 
 /// Debug mode's NaN/Inf check of an op's floating outputs.

@@ -50,17 +50,19 @@ pub struct Group {
 
 struct Config {
     plugin: Option<PathBuf>,
-    cpu_device_count: Option<i64>,
+    /// The plugin's client options (`cpu_device_count`, a GPU's allocator ...).
+    options: Vec<(String, pjrt::NamedValue)>,
     group: Option<Group>,
 }
 
-static CONFIG: Mutex<Config> = Mutex::new(Config { plugin: None, cpu_device_count: None, group: None });
+static CONFIG: Mutex<Config> = Mutex::new(Config { plugin: None, options: Vec::new(), group: None });
 static RUNTIME: OnceLock<std::result::Result<Runtime, String>> = OnceLock::new();
 
-/// Sets the plugin (and, for the CPU plugin, how many devices it exposes);
-/// takes effect if the runtime has not started yet.
-pub fn configure(plugin: PathBuf, cpu_device_count: Option<i64>) -> bool {
-    *CONFIG.lock().unwrap() = Config { plugin: Some(plugin), cpu_device_count, group: None };
+/// Sets the plugin and its client's options (the Python front chooses
+/// them: how many devices the CPU plugin exposes, how a GPU's memory is
+/// allocated); takes effect if the runtime has not started yet.
+pub fn configure(plugin: PathBuf, options: Vec<(String, pjrt::NamedValue)>) -> bool {
+    *CONFIG.lock().unwrap() = Config { plugin: Some(plugin), options, group: None };
     RUNTIME.get().is_none()
 }
 
@@ -119,7 +121,7 @@ fn start() -> std::result::Result<Runtime, String> {
                 TORCHTPU_PJRT_PLUGIN at a PJRT plugin .so";
     let api = pjrt::load_plugin(&plugin).map_err(|e| format!("torchtpu: {e}. {hint}"))?;
     let mut options: Vec<(&str, pjrt::NamedValue)> =
-        config.cpu_device_count.map(|n| ("cpu_device_count", pjrt::NamedValue::Int64(n))).into_iter().collect();
+        config.options.iter().map(|(name, value)| (name.as_str(), value.clone())).collect();
     let client = match &config.group {
         None => pjrt::Client::new(api, &options),
         Some(group) => {
