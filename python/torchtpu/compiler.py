@@ -31,14 +31,30 @@ def _optimizer_state_on_device():
     be one program). Parameters on tpu get what CUDA ones get."""
     from torch._dynamo.variables.optimizer import OptimizerVariable
 
-    generic = OptimizerVariable._safe_to_set_capturable
-
-    def _safe_to_set_capturable(self, group):
+    def fresh_on_tpu(self, group):
         params = group.get("params", [])
         on_tpu = bool(params) and all(p.device.type == "tpu" and p not in self.value.state for p in params)
-        return generic(self, group) or ("capturable" in group and on_tpu)
+        return "capturable" in group and on_tpu
 
-    OptimizerVariable._safe_to_set_capturable = _safe_to_set_capturable
+    if hasattr(OptimizerVariable, "_safe_to_set_capturable"):
+        generic = OptimizerVariable._safe_to_set_capturable
+
+        def _safe_to_set_capturable(self, group):
+            return generic(self, group) or fresh_on_tpu(self, group)
+
+        OptimizerVariable._safe_to_set_capturable = _safe_to_set_capturable
+    else:
+        # Older Dynamo (torch 2.11) decides inside _set_capturable, where it
+        # sets the flag on the live groups of CUDA and XPU parameters.
+        generic_set = OptimizerVariable._set_capturable
+
+        def _set_capturable(self, tx):
+            for group in self.value.param_groups:
+                if fresh_on_tpu(self, group):
+                    group["capturable"] = True
+            generic_set(self, tx)
+
+        OptimizerVariable._set_capturable = _set_capturable
 
 
 _optimizer_state_on_device()

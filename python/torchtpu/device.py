@@ -72,7 +72,7 @@ class device:
 
 def _generator(device=None):
     index = current_device() if device is None else _get_device_index(device)
-    return torch._C._accelerator_getDefaultGenerator(index)
+    return _C.default_generator(index)
 
 
 def manual_seed(seed: int) -> None:

@@ -195,6 +195,9 @@ int tt_idle(uint8_t* idle);
 // Implemented by the adapter: 64 random bits from the default tpu generator of
 // a device (ops that draw random numbers without a generator argument).
 uint64_t tt_adapter_default_seed(int32_t device);
+// tpu:`device`'s default generator as a Python torch.Generator (a new
+// reference), or null with a Python error set. Called with the GIL held.
+void* tt_default_generator(int32_t device);
 
 // Implemented by the adapter (precision.cpp): PyTorch's float32 matmul
 // setting, as the precision float32 dots and convolutions carry.

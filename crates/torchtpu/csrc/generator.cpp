@@ -3,6 +3,8 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/core/GeneratorForPrivateuseone.h>
+#include <torch/csrc/Exceptions.h>
+#include <torch/csrc/Generator.h>
 
 #include <mutex>
 #include <vector>
@@ -53,4 +55,13 @@ uint64_t draw_seed(const std::optional<at::Generator>& gen, c10::DeviceIndex dev
 
 extern "C" uint64_t tt_adapter_default_seed(int32_t device) {
   return torchtpu::draw_seed(std::nullopt, static_cast<c10::DeviceIndex>(device));
+}
+
+// tpu:`device`'s default generator as a torch.Generator (a new reference),
+// for torch.tpu.manual_seed and friends on every torch (2.11 has no
+// torch._C._accelerator_getDefaultGenerator); null with a Python error set.
+extern "C" void* tt_default_generator(int32_t device) {
+  HANDLE_TH_ERRORS
+  return THPGenerator_initDefaultGenerator(torchtpu::default_generator(static_cast<c10::DeviceIndex>(device)));
+  END_HANDLE_TH_ERRORS
 }

@@ -219,11 +219,24 @@ fn kernel_register(name: &str, entry: &str, functions: String, inputs: Avals, ou
     kernel::register(kernel).map_err(py_err)
 }
 
-// The adapter's kernel tables (csrc/kernel.cpp): custom kernels' fast path.
+// The adapter's functions of Python objects: custom kernels' fast path
+// (csrc/kernel.cpp) and the default generators (csrc/generator.cpp).
 extern "C" {
     fn tt_kernel_table_new() -> i64;
     fn tt_kernel_table_put(table: i64, args: *mut std::ffi::c_void, kernel: i64);
     fn tt_kernel_table_call(table: i64, args: *mut std::ffi::c_void) -> *mut std::ffi::c_void;
+    fn tt_default_generator(device: i32) -> *mut std::ffi::c_void;
+}
+
+/// tpu:`device`'s default generator, a torch.Generator (csrc/generator.cpp).
+#[pyfunction]
+fn default_generator(py: Python<'_>, device: i32) -> PyResult<Bound<'_, PyAny>> {
+    // SAFETY: the GIL is held; a non-null result is a new reference.
+    let out = unsafe { tt_default_generator(device) };
+    if out.is_null() {
+        return Err(PyErr::fetch(py));
+    }
+    Ok(unsafe { Bound::from_owned_ptr(py, out.cast()) })
 }
 
 /// A new table of a custom kernel's lowered call signatures, for its fast
@@ -319,6 +332,7 @@ fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(kernel_table, m)?)?;
     m.add_function(wrap_pyfunction!(kernel_table_put, m)?)?;
     m.add_function(wrap_pyfunction!(kernel_call, m)?)?;
+    m.add_function(wrap_pyfunction!(default_generator, m)?)?;
     m.add_function(wrap_pyfunction!(cache_export, m)?)?;
     m.add_function(wrap_pyfunction!(cache_import, m)?)?;
     m.add_function(wrap_pyfunction!(settle, m)?)?;
