@@ -602,7 +602,7 @@ mod tests {
         let Ok(plugin) = std::env::var("TORCHTPU_PJRT_PLUGIN") else {
             return eprintln!("no plugin: skipped");
         };
-        runtime::configure(plugin.into(), Some(1));
+        runtime::configure(plugin.into(), vec![("cpu_device_count".into(), pjrt::NamedValue::Int64(1))]);
         // Contracting 3 against 4 passes our IR builder but not XLA's verifier.
         let mut g = Graph::default();
         let a = g.param(Ty::new(DType::F32, &[2, 3]));
