@@ -12,6 +12,19 @@ import torch
 import torchtpu
 
 
+# The XLA CPU plugin (every test here); the suite also runs on another plugin
+# (TORCHTPU_PJRT_PLUGIN), skipping what only the CPU plugin can give.
+CPU_PLUGIN = torchtpu._plugin.find_plugin()[1]
+
+
+def require_devices(n):
+    """Skips unless `n` devices can be had: the CPU plugin splits into as many
+    as asked (TORCHTPU_DEVICE_COUNT, or one per local rank under torchrun);
+    another plugin has the devices the machine has."""
+    if not CPU_PLUGIN and torch.tpu.device_count() < n:
+        pytest.skip(f"needs {n} devices; the plugin has {torch.tpu.device_count()}")
+
+
 @pytest.fixture(params=["fused", "strict", "debug"])
 def mode(request):
     """Runs a test in each eager mode."""

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import torchtpu
-from conftest import run_python
+from conftest import require_devices, run_python
 
 
 def test_device_module():
@@ -26,6 +26,42 @@ def test_accelerator():
     assert torch.accelerator.current_device_index() == 0
     torch.accelerator.set_device_index(0)
     torch.accelerator.synchronize()
+
+
+def test_a_gpu_machine_keeps_cuda_until_torchtpu_is_imported():
+    """On a machine with a CUDA GPU, `import torch` leaves torch as it is (one
+    accelerator per process: tpu would take CUDA's place); `import torchtpu`
+    asks for tpu, and CUDA is then refused with a clear error at its
+    initialisation. The machine here has no GPU: NVML's count is faked."""
+    out = run_python(
+        "import torch, sys\n"
+        "assert 'torchtpu' not in sys.modules\n"
+        "assert torch._C._get_privateuse1_backend_name() == 'privateuseone'\n"
+        "try:\n"
+        "    torch.device('tpu')\n"
+        "    raise AssertionError('tpu is a device without torchtpu')\n"
+        "except RuntimeError:\n"
+        "    pass\n"
+        "import torchtpu\n"
+        "assert torch.accelerator.current_accelerator().type == 'tpu'\n"
+        "assert (torch.ones(2, device='tpu') * 3).tolist() == [3.0, 3.0]\n"
+        "refuse = [call for call, _ in torch.cuda._queued_calls if call.__module__ == 'torchtpu']\n"
+        "try:\n"
+        "    refuse[0]()\n"
+        "except RuntimeError as e:\n"
+        "    print(e)\n",
+        TORCHTPU_AUTOLOAD="0")
+    assert "one accelerator per process" in out.stdout and "separate processes" in out.stdout
+
+    import _torchtpu_autoload as autoload
+    real = torch.cuda._device_count_nvml
+    try:
+        torch.cuda._device_count_nvml = lambda: 1
+        assert autoload.gpu_machine(torch) == bool(torch.cuda._is_compiled() and not torch.version.hip)
+        torch.cuda._device_count_nvml = lambda: 0
+        assert not autoload.gpu_machine(torch)
+    finally:
+        torch.cuda._device_count_nvml = real
 
 
 def test_plain_tensors_round_trip():
@@ -195,6 +231,7 @@ def test_metrics_report_fallbacks():
 
 def test_two_devices():
     """TORCHTPU_DEVICE_COUNT splits the CPU plugin; tensors live and compute on either."""
+    require_devices(2)
     code = (
         "import torch, torchtpu\n"
         "assert torch.tpu.device_count() == 2\n"

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from conftest import require_devices
+
 HERE = Path(__file__).resolve().parent
 
 
@@ -18,6 +20,7 @@ def _free_port():
 
 def launch(program, world=2, timeout=240, env=None):
     """Runs dist_workers.<program> in `world` processes; returns their outputs."""
+    require_devices(max(world, int((env or {}).get("TORCHTPU_DEVICE_COUNT", 1))))
     port = str(_free_port())
     procs = []
     for rank in range(world):

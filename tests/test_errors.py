@@ -66,12 +66,16 @@ def test_debug_nans_names_the_op():
         del os.environ["TORCHTPU_DEBUG_NANS"]
 
 
+# float32 elements of 1 TiB: more than any one device (or this machine) holds.
+TOO_MANY = 2**38
+
+
 def test_out_of_memory(mode):
     """PyTorch's OutOfMemoryError (a RuntimeError), naming the device and
     the bytes asked for; the process stays usable."""
     huge = None
-    with pytest.raises(torch.OutOfMemoryError, match=f"out of memory on tpu:0 .*{64 * 2**30} bytes"):
-        huge = torch.zeros(16 * 2**30, device="tpu")  # strict and debug fail here
+    with pytest.raises(torch.OutOfMemoryError, match=f"out of memory on tpu:0 .*{4 * TOO_MANY} bytes"):
+        huge = torch.zeros(TOO_MANY, device="tpu")  # strict and debug fail here
         huge.sum().item()  # fused mode here: huge is alive, so it is materialized
     if huge is not None:
         with pytest.raises(RuntimeError, match="this tensor's value was lost: .*out of memory"):
@@ -84,7 +88,7 @@ def test_out_of_memory_at_a_step_end():
     """A step's flush fails on the flush thread: its values are lost, and
     reading one raises the error there."""
     with torchtpu.mode("fused"):
-        huge = torch.zeros(16 * 2**30, device="tpu")
+        huge = torch.zeros(TOO_MANY, device="tpu")
         torchtpu._C.flush("optimizer_step")
         with pytest.raises(RuntimeError, match="this tensor's value was lost: .*out of memory on tpu:0"):
             huge[0].item()

@@ -1,26 +1,34 @@
 """torchtpu: "tpu" as an ordinary PyTorch device, run by XLA through PJRT.
 
-Importing this package (or just `import torch`, through PyTorch's backend
-autoload entry point) registers the device. Everything per-op happens in the
-native extension; this module is set-up glue.
+Importing this package registers the device (so does `import torch` on a
+machine without a CUDA/ROCm GPU: see `_torchtpu_autoload`). Everything per-op
+happens in the native extension; this module is set-up glue.
 """
 import contextlib
 import os
 
+import torch
 
-def _autoload():
-    """Entry point of `torch.backends`: importing this package does the work.
+from . import _C
+from . import cache  # noqa: F401
+from ._plugin import configure_plugin
 
-    Defined before `import torch`, which calls it while this module is still
-    initialising when the user imports torchtpu first.
-    """
+_ONE_ACCELERATOR = (
+    "PyTorch holds one accelerator per process, and a registered tpu takes CUDA's place "
+    "(CUDA's autograd then fails: pytorch/pytorch#161129). Run the CUDA work and the tpu "
+    "work in separate processes; on a machine with a GPU, `import torch` alone leaves CUDA "
+    "as the accelerator and `import torchtpu` is what asks for tpu."
+)
 
 
-import torch  # noqa: E402
+def _refuse_cuda():
+    raise RuntimeError(f"torchtpu: CUDA is being initialised in a process that uses tpu. {_ONE_ACCELERATOR}")
 
-from . import _C  # noqa: E402
-from . import cache  # noqa: E402,F401
-from ._plugin import configure_plugin  # noqa: E402
+
+if torch.cuda._is_compiled():
+    if torch.cuda.is_initialized():
+        raise RuntimeError(f"torchtpu: tpu cannot join a process that already uses CUDA. {_ONE_ACCELERATOR}")
+    torch.cuda._lazy_call(_refuse_cuda)
 
 configure_plugin()
 

@@ -1,7 +1,8 @@
 """Which PJRT plugin runs the device: chosen at start-up, never at build time.
 
-TORCHTPU_PJRT_PLUGIN=/path/to/plugin.so wins (e.g. libtpu on a TPU VM);
-otherwise libtpu if installed, otherwise the xla-cpu-pjrt CPU plugin.
+TORCHTPU_PJRT_PLUGIN=/path/to/plugin.so wins; otherwise libtpu if installed
+(a TPU VM), then XLA's CUDA plugin as JAX ships it (jax-cuda13-pjrt or
+jax-cuda12-pjrt, on an NVIDIA GPU machine), otherwise the xla-cpu-pjrt CPU plugin.
 """
 import importlib.util
 import os
@@ -29,6 +30,11 @@ def find_plugin():
     libtpu = _package_file("libtpu", "libtpu.so")
     if libtpu:
         return libtpu, False
+    # Installed with JAX on machines without a GPU too: only where the driver is.
+    for cuda in ("xla_cuda13", "xla_cuda12") if os.path.exists("/dev/nvidiactl") else ():
+        path = _package_file(f"jax_plugins.{cuda}", "xla_cuda_plugin.so")
+        if path:
+            return path, False
     cpu = _package_file("xla_plugins.xla_cpu_pjrt", "xla_cpu_pjrt.so")
     return cpu, cpu is not None
 
