@@ -501,6 +501,62 @@ def runtime_group():
     assert (torch.ones(3, device="tpu:0") * 2).sum().item() == 6  # still usable
 
 
+def device_id_and_p2p():
+    """`init_process_group(DIST_BACKEND, device_id=...)`, as Lightning and
+    pipelining users call it (DIST_BACKEND: none, "gloo" or "cpu:gloo", gloo
+    carrying tpu tensors as it carries CUDA's), then the point-to-point
+    traffic of pipeline stages (batch_isend_irecv of P2POps, both ranks
+    sending first; send_object_list), groups split from the default one and
+    made anew (a rank left out), and DDP training as one CPU process."""
+    rank = int(os.environ["RANK"])
+    device = torch.device("tpu", int(os.environ["LOCAL_RANK"]))
+    dist.init_process_group(os.environ.get("DIST_BACKEND") or None, device_id=device, timeout=TIMEOUT)
+    peer = 1 - rank
+    mine, theirs = torch.full((4,), rank + 1.0, device=device), torch.empty(4, device=device)
+    for request in dist.batch_isend_irecv([dist.P2POp(dist.isend, mine, peer), dist.P2POp(dist.irecv, theirs, peer)]):
+        request.wait()
+    assert theirs.tolist() == [peer + 1.0] * 4, theirs
+    shapes = [{"shape": [2, 3]} if rank == 0 else None]
+    if rank == 0:
+        dist.send_object_list(shapes, dst=1, device=device)
+    else:
+        dist.recv_object_list(shapes, src=0, device=device)
+        assert shapes == [{"shape": [2, 3]}], shapes
+
+    # Split in reverse order: global rank 1 is the new group's rank 0.
+    pair = dist.split_group(split_ranks=[[1, 0]])
+    assert dist.get_rank(pair) == peer
+    t = torch.full((2,), rank + 1.0, device=device)
+    dist.broadcast(t, group_src=0, group=pair)
+    assert t.tolist() == [2.0, 2.0], t
+    t = torch.ones(2, device=device)
+    dist.all_reduce(t, group=pair)
+    assert t.tolist() == [2.0, 2.0], t
+    on_cpu = torch.ones(2)
+    dist.all_reduce(on_cpu, group=pair)
+    assert on_cpu.tolist() == [2.0, 2.0], on_cpu
+    alone = dist.new_group([0])
+    if rank == 0:
+        t = torch.ones(2, device=device)
+        dist.all_reduce(t, group=alone)
+        assert t.tolist() == [1.0, 1.0]
+
+    losses, model = _train_sharded(lambda module, device: nn.parallel.DistributedDataParallel(module.to(device)),
+                                   "mlp", 2)
+    _check_training(losses, model.module.parameters(), "mlp", 2, "DDP")
+    dist.destroy_process_group()
+
+
+def nccl_refused():
+    """nccl cannot carry tpu tensors: its creation says which backends can."""
+    try:
+        dist.init_process_group("nccl", timeout=TIMEOUT)
+    except RuntimeError as e:
+        print(e)
+    else:
+        raise AssertionError("an nccl group was made in a tpu process")
+
+
 def _opts(options, **fields):
     for k, v in fields.items():
         setattr(options, k, v)

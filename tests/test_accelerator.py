@@ -178,3 +178,13 @@ def test_histc_of_integers_follows_cuda(dtype):
         pos = ((wide[inside] - lo) * bins // (hi - lo)).clamp(max=bins - 1)
         assert actual.dtype == dtype
         assert torch.equal(actual.cpu(), torch.bincount(pos, minlength=bins).to(dtype))
+
+
+def test_precision_probes():
+    """What libraries ask a device module before choosing bf16 mixed precision
+    (Accelerate, Lightning, transformers' `is_torch_bf16_gpu_available`-style checks)."""
+    module = torch.get_device_module("tpu")
+    assert module.is_bf16_supported() and module.is_bf16_supported(including_emulation=False)
+    assert torch.bfloat16 in module.get_amp_supported_dtype()
+    with torch.autocast("tpu"):
+        assert (torch.ones(2, 2, device="tpu") @ torch.ones(2, 2, device="tpu")).dtype == torch.bfloat16

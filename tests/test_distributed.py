@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from conftest import require_devices
 
 HERE = Path(__file__).resolve().parent
@@ -71,6 +73,16 @@ def test_mismatched_collectives_raise_on_every_rank():
 
 def test_collective_programs_over_the_devices_of_one_process_equal_gloo():
     launch("collective_programs", world=1, env={"TORCHTPU_DEVICE_COUNT": "4"})
+
+
+@pytest.mark.parametrize("backend", ["", "gloo", "cpu:gloo"])
+def test_device_id_point_to_point_and_splits(backend):
+    launch("device_id_and_p2p", env={"DIST_BACKEND": backend})
+
+
+def test_nccl_names_the_backends_that_carry_tpu_tensors():
+    outputs = launch("nccl_refused", world=1)
+    assert "'nccl' carries CUDA tensors only" in outputs[0] and "'gloo'" in outputs[0], outputs[0]
 
 
 def test_processes_meet_through_the_groups_store():

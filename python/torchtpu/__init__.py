@@ -131,8 +131,33 @@ def _distributed_backend(options, backend_options):
     return create(options, backend_options)
 
 
+def _gloo_backend(options, backend_options):
+    """A gloo group, which carries tpu tensors too (torchtpu.distributed)."""
+    from .distributed import create_gloo
+
+    return create_gloo(torch.distributed.distributed_c10d._create_gloo_process_group, options, backend_options)
+
+
+def _nccl_backend(options, backend_options):
+    from .distributed import refuse_nccl
+
+    refuse_nccl(options, backend_options)
+
+
+def _register_distributed_backends():
+    """"pjrt" for tpu tensors; "gloo" and "nccl" wrapped where this torch makes
+    them through registered creators (2.15: gloo carries tpu tensors, nccl
+    names the backends that do)."""
+    backend = torch.distributed.Backend
+    backend.register_backend("pjrt", _distributed_backend, extended_api=True, devices=["tpu"])
+    if hasattr(torch.distributed.distributed_c10d, "_create_gloo_process_group"):
+        for name, creator, kind in [("gloo", _gloo_backend, "GLOO"), ("nccl", _nccl_backend, "NCCL")]:
+            backend.register_backend(name, creator, extended_api=True, devices=backend.backend_capability[name],
+                                     _backend_type=getattr(torch.distributed.ProcessGroup.BackendType, kind))
+
+
 if torch.distributed.is_available():
-    torch.distributed.Backend.register_backend("pjrt", _distributed_backend, extended_api=True, devices=["tpu"])
+    _register_distributed_backends()
 
 if "TORCHTPU_MODE" in os.environ:
     set_mode(os.environ["TORCHTPU_MODE"])

@@ -247,3 +247,10 @@ def _is_in_bad_fork() -> bool:
 
 def get_amp_supported_dtype():
     return [torch.bfloat16, torch.float16]
+
+
+def is_bf16_supported(including_emulation: bool = True) -> bool:
+    """bfloat16 runs natively on every PJRT platform torchtpu drives (XLA
+    computes it in float32 where the hardware lacks it, as it does on CPUs):
+    libraries ask this before choosing bf16 mixed precision."""
+    return True

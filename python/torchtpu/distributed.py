@@ -26,6 +26,7 @@ Transport, chosen by platform:
   else holds it (an all_reduce of DDP's buckets); otherwise on host copies,
   each result written back as the tensor's new value.
 """
+import collections
 import ctypes
 import datetime
 import os
@@ -93,6 +94,38 @@ class _Done(dist._Work):
 _done = _Done
 
 
+class _Pending(dist._Work):
+    """A point-to-point transfer still under way in gloo: `wait` waits for it,
+    then `finish` (a received value written into its tpu tensor). Sends and
+    receives are asynchronous, as PyTorch's isend/irecv require: two ranks
+    that both send first (a pipeline's batch_isend_irecv) must not block."""
+
+    def __init__(self, work, tensors, finish=None):
+        super().__init__()
+        self._work, self._tensors, self._finish = work, tensors, finish
+
+    def wait(self, timeout=None):
+        if self._work is not None:
+            self._work.wait()
+            self._work = None
+            if self._finish is not None:
+                self._finish()
+        return True
+
+    def is_completed(self):
+        return self._work is None or self._work.is_completed()
+
+    def is_success(self):
+        return True
+
+    def result(self):
+        return self._tensors
+
+    def get_future(self):
+        self.wait()
+        return _Done(self._tensors).get_future()
+
+
 class _Staging:
     """Host tensors handed to gloo. Copies of tpu tensors reuse buffers
     across collectives (a fresh large allocation costs a page fault per
@@ -112,6 +145,7 @@ class _Staging:
         self._buffers = {}
         self._taken = {}
         self._pins = []
+        self._transfers = collections.deque(maxlen=32)
 
     def begin(self):
         """A new collective: every buffer is free again."""
@@ -123,6 +157,13 @@ class _Staging:
         tensors = list(tensors)
         if tensors:
             self._pins.append(torch._C.ScriptList(tensors))
+        return tensors
+
+    def hold(self, tensors):
+        """`tensors` of a point-to-point transfer, held from C++ for the next
+        32 transfers (see above), whatever collectives run meanwhile."""
+        tensors = list(tensors)
+        self._transfers.append(torch._C.ScriptList(tensors))
         return tensors
 
     def empty(self, shape, dtype):
@@ -155,13 +196,14 @@ def _write(tensors, values):
 class TpuBackend(C10DBackend):
     """The c10d backend of tpu tensors. `devices`: the global device id of each
     member, in rank order, where collectives run as XLA programs; None where
-    gloo carries them (the CPU plugin)."""
+    gloo carries them (the CPU plugin). `gloo`: a gloo backend of the same
+    members to use (else one of its own over `store`)."""
 
-    def __init__(self, store, rank, size, timeout, devices=None, options=None):
+    def __init__(self, store, rank, size, timeout, devices=None, options=None, gloo=None):
         super().__init__(rank, size)
         self._devices = devices
         self._options = options or C10DBackend.Options(NAME, timeout=timeout)
-        self._gloo = dist.ProcessGroupGloo(dist.PrefixStore("gloo/", store), rank, size, timeout)
+        self._gloo = gloo or dist.ProcessGroupGloo(dist.PrefixStore("gloo/", store), rank, size, timeout)
         self._seq = 0
         self._staging = _Staging()
         self._host = self._staging.copies
@@ -176,6 +218,33 @@ class TpuBackend(C10DBackend):
     @property
     def options(self):
         return self._options
+
+    # What the backend offers beyond the collectives. Declared here: c10d's
+    # Python trampoline looks each one up on this class, and inherited ones
+    # call back into it without end (a RecursionError in init_process_group's
+    # device_id, and in batch_isend_irecv's coalescing).
+    supports_splitting = True  # split_group, pipelining's edge groups (`split`)
+    supports_coalescing = False  # coalesced calls run one by one
+    supports_shrinking = False
+    supports_reconfigure = False
+    supports_window = False
+    _supports_time_estimate = False
+
+    def split(self, store, ranks, opts):
+        """This group's members `ranks` (group ranks, in the new group's order)
+        as a backend of their own, for `split_group`; None on other ranks.
+        Made anew over `store`: nothing is shared with this one."""
+        ranks = list(ranks)
+        if self.rank() not in ranks:
+            return None
+        devices = None if self._devices is None else [self._devices[r] for r in ranks]
+        timeout = opts._timeout if opts is not None else self._options._timeout
+        return TpuBackend(dist.PrefixStore("tpu/", store), ranks.index(self.rank()), len(ranks), timeout,
+                          devices, opts)
+
+    def perform_nocolor_split(self, device):
+        """What `new_group` asks of a rank left out of a group split from this
+        one (NCCL's collective split); groups here are made anew: nothing to do."""
 
     def getBackendName(self):
         return NAME
@@ -439,18 +508,17 @@ class TpuBackend(C10DBackend):
         agreed()
         return _done(None)
 
+    # Point-to-point: no group-wide descriptor (the other members take no
+    # part), and host buffers of their own (not the staging's, which the
+    # next collective reuses while a transfer may still be under way).
+
     def send(self, tensor_list, dst, tag=0):
-        # Point-to-point: no group-wide descriptor (the other members take no part).
-        self._staging.begin()
-        self._gloo.send(self._host(tensor_list), dst, tag).wait()
-        return _done(tensor_list)
+        host = self._staging.hold(t.detach().to("cpu") for t in tensor_list)
+        return _Pending(self._gloo.send(host, dst, tag), tensor_list)
 
     def recv(self, tensor_list, src, tag=0):
-        self._staging.begin()
-        host = self._host(tensor_list)
-        self._gloo.recv(host, src, tag).wait()
-        _write(tensor_list, host)
-        return _done(tensor_list)
+        host = self._staging.hold(torch.empty(t.shape, dtype=t.dtype) for t in tensor_list)
+        return _Pending(self._gloo.recv(host, src, tag), tensor_list, lambda: _write(tensor_list, host))
 
     @staticmethod
     def _opts(options, **fields):
@@ -459,24 +527,57 @@ class TpuBackend(C10DBackend):
         return options
 
 
-def create(opts, backend_options):
+def create(opts, backend_options, gloo=None):
     """The creator `torch.distributed.Backend.register_backend` calls. A group
     made without naming a CPU backend (`init_process_group()`: PyTorch then
-    picks the accelerator's only) takes CPU tensors too, through the same gloo."""
+    picks the accelerator's only) takes CPU tensors too, through the same gloo.
+    `gloo`: the group's own gloo backend, which this one then shares."""
+    group, cpu, tpu = opts.process_group, torch.device("cpu"), torch.device("tpu")
+    made = _backend_of(group, tpu)
+    if isinstance(made, TpuBackend):  # "cpu:gloo,tpu:pjrt": gloo's creator made it first
+        return made
     timeout = opts.timeout if opts.timeout is not None else datetime.timedelta(minutes=30)
+    # A gloo group on the CPU plugin leaves the runtime unstarted, so that a
+    # CPU-only script's gloo costs what it did: there gloo carries tpu tensors
+    # anyway, and joining would only check that the processes run one platform.
+    on_gloo_alone = gloo is not None and _plugin.find_plugin()[1]
     global _world_devices
-    if not dist.is_initialized():  # the default group: this process's runtime joins it
+    if not dist.is_initialized() and not on_gloo_alone:  # the default group: this process's runtime joins it
         local = int(os.environ.get("LOCAL_RANK", opts.group_rank))
         _world_devices = _C.join(dist.PrefixStore("torchtpu/", opts.store), opts.group_rank, opts.group_size,
                                  local, timeout.total_seconds(), _plugin.spans_processes())
     devices = None
-    if _C.platform()[0] != "cpu":
+    if not on_gloo_alone and _C.platform()[0] != "cpu":
         ranks = list(opts.global_ranks_in_group) or range(opts.group_size)
         devices = [_world_devices[r] for r in ranks]
-    backend = TpuBackend(opts.store, opts.group_rank, opts.group_size, timeout, devices)
-    group, cpu = opts.process_group, torch.device("cpu")
-    try:
-        group._get_backend(cpu)
-    except RuntimeError:
+    backend = TpuBackend(opts.store, opts.group_rank, opts.group_size, timeout, devices, gloo=gloo)
+    if _backend_of(group, cpu) is None:
         group._register_backend(cpu, dist.ProcessGroup.BackendType.GLOO, backend._gloo)
     return backend
+
+
+def create_gloo(gloo_creator, opts, backend_options):
+    """torch's gloo backend for a group that names gloo (`"gloo"`,
+    `"cpu:gloo"`), and, where no other backend is named for tpu, this module's
+    backend over it for tpu tensors: gloo carries tpu tensors as it carries
+    CUDA tensors (DDP, Lightning and scripts pick gloo for any device but CUDA)."""
+    gloo = gloo_creator(opts, backend_options)
+    group, tpu = opts.process_group, torch.device("tpu")
+    if group is not None and _backend_of(group, tpu) is None:
+        group._register_backend(tpu, dist.ProcessGroup.BackendType.CUSTOM, create(opts, None, gloo))
+    return gloo
+
+
+def refuse_nccl(opts, backend_options):
+    """The creator of "nccl" in a process that uses tpu (CUDA is refused there)."""
+    raise RuntimeError(
+        "torchtpu: the c10d backend 'nccl' carries CUDA tensors only, and this process's accelerator is tpu. "
+        "For tpu tensors, init_process_group() with no backend, 'pjrt' (on GPUs its collectives run NCCL "
+        "inside XLA programs), 'gloo', or 'cpu:gloo,tpu:pjrt'.")
+
+
+def _backend_of(group, device):
+    """`group`'s backend for `device`'s type, None if it has none."""
+    if group is None or device.type not in {d.type for d in group._device_types}:
+        return None
+    return group._get_backend(device)
