@@ -43,7 +43,7 @@ OPS = [
     # matrix products
     "mm", "bmm", "addmm", "addmm.decomposed", "baddbmm", "matmul", "mv", "dot", "addmv",
     # shapes, indexing, factories
-    "cat", "stack", "hstack", "vstack", "flip", "unfold", "index_select", "index_add", "index_copy", "gather", "take_along_dim",
+    "cat", "stack", "hstack", "vstack", "flip", "roll", "unfold", "index_select", "index_add", "index_copy", "gather", "take_along_dim",
     "scatter", "scatter_add", "scatter_reduce.sum", "scatter_reduce.prod", "scatter_reduce.mean",
     "scatter_reduce.amax", "scatter_reduce.amin", "index_reduce.prod", "index_reduce.mean", "index_reduce.amax",
     "index_reduce.amin", "index_fill", "__getitem__", "index_put", "nonzero", "argwhere",

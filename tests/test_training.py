@@ -93,6 +93,10 @@ def test_fresh_weights_are_never_stale(mode):
     ("Adam", dict(lr=1e-3)),
     ("Adam", dict(lr=1e-3, foreach=False)),
     ("AdamW", dict(lr=1e-3, amsgrad=True)),
+    # The fused kernels (Hugging Face Trainer's default is AdamW's).
+    ("AdamW", dict(lr=1e-3, weight_decay=0.1, fused=True)),
+    ("Adam", dict(lr=1e-3, weight_decay=0.1, amsgrad=True, maximize=True, fused=True)),
+    ("SGD", dict(lr=0.1, momentum=0.9, dampening=0.2, weight_decay=1e-4, fused=True)),
     ("RMSprop", dict(lr=1e-3)),
     ("Adagrad", dict(lr=1e-2)),
 ])
@@ -116,6 +120,45 @@ def test_optimizers_match_cpu(name, options, mode):
         params[device] = [p.detach().cpu() for p in net.parameters()]
         assert torchtpu.metrics()["fallbacks"] == {}
     torch.testing.assert_close(params["tpu"], params["cpu"])
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_grad_scaler_matches_cpu(fused):
+    """torch.amp.GradScaler("tpu") with a fused AdamW (unscaled inside the
+    kernel) or SGD after `unscale_` and clipping: a step whose gradients
+    overflow is skipped and backs the scale off, two good ones grow it; CPU's
+    scales and parameters, nothing on the CPU, nothing compiled after the
+    third step."""
+    results = {}
+    for device in ("cpu", "tpu"):
+        torch.manual_seed(0)
+        net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4)).to(device)
+        opt = (torch.optim.AdamW(net.parameters(), lr=1e-2, fused=True) if fused
+               else torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9))
+        scaler = torch.amp.GradScaler(device, init_scale=2.0**12, growth_interval=2)
+        x, y = torch.randn(32, 8), torch.randint(0, 4, (32,))
+        torchtpu.reset_metrics()
+        scales, compiled = [], []
+        for step in range(6):
+            opt.zero_grad()
+            inputs = x.clone()
+            if step == 1:
+                inputs[0, 0] = float("inf")
+            loss = torch.nn.functional.cross_entropy(net(inputs.to(device)), y.to(device))
+            scaler.scale(loss).backward()
+            if not fused:
+                scaler.unscale_(opt)
+                torch.nn.utils.clip_grad_norm_(net.parameters(), 1.0)
+            scaler.step(opt)
+            scaler.update()
+            scales.append(scaler.get_scale())
+            compiled.append(torchtpu.metrics()["compilations"])
+        results[device] = scales, [p.detach().cpu() for p in net.parameters()]
+        if device == "tpu":
+            assert torchtpu.metrics()["fallbacks"] == {}
+            assert compiled[2] == compiled[-1], compiled
+    assert results["tpu"][0] == results["cpu"][0] == [2.0**12, 2.0**11, 2.0**11, 2.0**12, 2.0**12, 2.0**13]
+    torch.testing.assert_close(results["tpu"][1], results["cpu"][1])
 
 
 def test_new_scalars_never_recompile():

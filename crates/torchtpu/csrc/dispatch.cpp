@@ -71,8 +71,8 @@ struct OpEntry {
   std::vector<bool> generator;   // arguments of type Generator?
   std::vector<bool> tensor_list; // arguments of type Tensor[] or Tensor?[]
   std::vector<bool> scalar_type; // arguments of type ScalarType or ScalarType?
-  bool inplace = false;          // self is written (add_, fill_, ...)
-  std::vector<int> mutated;      // other written tensors (running stats): is_written
+  bool inplace = false;          // self, one tensor, is written (add_, fill_, ...)
+  std::vector<int> mutated;      // other written tensors and lists (running stats, an optimizer's): is_written
 };
 
 const OpEntry& register_op(const c10::OperatorHandle& op) {
@@ -86,10 +86,11 @@ const OpEntry& register_op(const c10::OperatorHandle& op) {
   const auto& arguments = schema.arguments();
   auto written = [&](size_t i) { return arguments[i].alias_info() && arguments[i].alias_info()->isWrite(); };
   bool has_out = std::any_of(arguments.begin(), arguments.end(), [](const c10::Argument& a) { return a.is_out(); });
-  slot->inplace = !has_out && !arguments.empty() && written(0);
   std::vector<std::string> types;
   std::vector<TtSchemaArg> args;
   for (const auto& a : arguments) types.push_back(a.type()->str());
+  // A written list self (_fused_adam_) is one of the mutated arguments.
+  slot->inplace = !has_out && !arguments.empty() && written(0) && types[0] == "Tensor";
   for (size_t i = 0; i < arguments.size(); ++i) {
     const auto& a = arguments[i];
     bool is_out = a.is_out();
@@ -97,8 +98,7 @@ const OpEntry& register_op(const c10::OperatorHandle& op) {
     slot->generator.push_back(types[i] == "Generator?");
     slot->tensor_list.push_back(types[i].rfind("Tensor", 0) == 0 && types[i].back() == ']');
     slot->scalar_type.push_back(types[i] == "ScalarType" || types[i] == "ScalarType?");
-    // Mutated tensor lists (fused optimizers) are not written back.
-    bool other_written = written(i) && !is_out && !(slot->inplace && i == 0) && !slot->tensor_list[i];
+    bool other_written = written(i) && !is_out && !(slot->inplace && i == 0);
     args.push_back({a.name().c_str(), types[i].c_str(), is_out, other_written});
   }
   check(tt_op_register(schema.name().c_str(), schema.overload_name().c_str(), args.data(),
@@ -298,13 +298,19 @@ void fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   } results{{raw, raw + count}};
 
   // Mutated arguments besides out= and self take the last results, one per
-  // defined tensor (an absent Tensor? may arrive as None or undefined).
+  // defined tensor, a list's in order (an absent Tensor? may arrive as None
+  // or undefined).
   for (auto i = entry.mutated.rbegin(); i != entry.mutated.rend(); ++i) {
-    if (!inputs[*i].isTensor() || !inputs[*i].toTensor().defined()) continue;
-    TORCH_CHECK(results.list.size() > results.taken, "torchtpu: ", schema.name(), " returned too few results");
-    TtResult r = results.list.back();
-    results.list.pop_back();  // write_result owns it now
-    write_result(inputs[*i].toTensor(), r);
+    std::vector<at::Tensor> targets;
+    if (inputs[*i].isTensor()) targets.push_back(inputs[*i].toTensor());
+    else if (inputs[*i].isTensorList()) targets = inputs[*i].toTensorVector();
+    for (auto t = targets.rbegin(); t != targets.rend(); ++t) {
+      if (!t->defined()) continue;
+      TORCH_CHECK(results.list.size() > results.taken, "torchtpu: ", schema.name(), " returned too few results");
+      TtResult r = results.list.back();
+      results.list.pop_back();  // write_result owns it now
+      write_result(*t, r);
+    }
   }
 
   // Mutated arguments (out= or self) receive the results and are returned.

@@ -40,6 +40,7 @@ mod linalg;
 mod loss;
 mod nn;
 mod norm;
+mod optim;
 mod pad;
 mod pool;
 mod random;
@@ -111,6 +112,7 @@ fn table() -> impl Iterator<Item = &'static Entry> {
         loss::ENTRIES,
         nn::ENTRIES,
         norm::ENTRIES,
+        optim::ENTRIES,
         pad::ENTRIES,
         pool::ENTRIES,
         random::ENTRIES,

@@ -1,4 +1,4 @@
-//! Operators that rearrange data: concatenation and friends, triangles.
+//! Operators that rearrange data: concatenation and friends, rolls, triangles.
 use super::reduce::dim_list;
 use super::{op, wrap_dim, Cx, Entry};
 use crate::error::{Error, Result};
@@ -9,6 +9,7 @@ use crate::lower::args::Tensor;
 pub static ENTRIES: &[Entry] = &[
     op("cat", cat),
     op("flip", flip),
+    op("roll", roll),
     op("tril", |cx| triangle(cx, true)),
     op("triu", |cx| triangle(cx, false)),
     op("unfold_backward", unfold_backward),
@@ -47,6 +48,54 @@ fn flip(cx: &mut Cx) -> Result<Vec<V>> {
     let dims: Vec<i64> = dim_list(&cx.ints("dims")?, t.sizes.len())?.into_iter().map(|d| d as i64).collect();
     let x = cx.tensor("self")?;
     Ok(vec![if dims.is_empty() { x } else { cx.g.reverse(x, &dims) }])
+}
+
+/// `torch.roll`: the checks and order of CPU's `roll_common` (without dims,
+/// the flattened tensor rolls), each dim one slice pair put back in turn.
+fn roll(cx: &mut Cx) -> Result<Vec<V>> {
+    let t = cx.meta("self")?;
+    let (shifts, dims) = (cx.ints("shifts")?, cx.ints("dims")?);
+    if shifts.is_empty() {
+        return Err(Error::runtime("`shifts` required".to_string()));
+    }
+    let flat = dims.is_empty() && shifts.len() == 1;
+    if !flat && shifts.len() != dims.len() {
+        return Err(Error::runtime(format!(
+            "shifts and dimensions must align. shifts: {}, dims:{}",
+            shifts.len(),
+            dims.len()
+        )));
+    }
+    let x = cx.tensor("self")?;
+    if t.numel() == 0 {
+        return Ok(vec![x]);
+    }
+    if flat {
+        let flattened = cx.g.reshape(x, &[t.numel()]);
+        let rolled = roll_dim(&mut cx.g, flattened, 0, t.numel(), shifts[0]);
+        return Ok(vec![cx.g.reshape(rolled, t.sizes)]);
+    }
+    if t.sizes.is_empty() {
+        return Err(Error::index(format!("Dimension specified as {} but tensor has no dimensions", dims[0])));
+    }
+    let mut y = x;
+    for (&shift, &dim) in shifts.iter().zip(&dims) {
+        let d = wrap_dim(dim, t.sizes.len())?;
+        y = roll_dim(&mut cx.g, y, d, t.sizes[d], shift);
+    }
+    Ok(vec![y])
+}
+
+/// `x` rolled by `shift` along `dim` of `size`: its last `shift` (mod size)
+/// elements first.
+fn roll_dim(g: &mut Graph, x: V, dim: usize, size: i64, shift: i64) -> V {
+    let start = (size - shift).rem_euclid(size);
+    if start == 0 {
+        return x;
+    }
+    let tail = g.slice_dim(x, dim, start, size, 1);
+    let head = g.slice_dim(x, dim, 0, start, 1);
+    g.concatenate(&[tail, head], dim)
 }
 
 /// The gradient of `Tensor.unfold(dim, size, step)` (a view): window `i`'s
