@@ -2,6 +2,7 @@
 samples against the distribution's own), dtypes, seeding, explicit
 generators, and seeds as runtime inputs (no recompilation)."""
 import math
+import re
 
 import pytest
 import torch
@@ -81,12 +82,80 @@ def test_bernoulli_tensor_p(mode):
         assert_moments(r[N // 2 :], 0.8, math.sqrt(0.8 * 0.2))
 
 
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.float32], ids=str)
+def test_randint(dtype, mode):
+    low, high = -3, 12
+    x = torch.randint(low, high, (N,), device="tpu", dtype=dtype).cpu()
+    assert x.dtype == dtype and x.min() == low and x.max() == high - 1
+    n = high - low
+    assert_moments(x, (low + high - 1) / 2, math.sqrt((n * n - 1) / 12))
+    # Without bounds: every value the dtype holds from 0 (floats: exactly).
+    for dtype, top in [(torch.int8, 127), (torch.bool, 1), (torch.float16, 2**11)]:
+        y = torch.empty(N, device="tpu", dtype=dtype).random_().cpu()
+        assert y.min() == 0 and y.max() <= top and y.float().mean() > top / 2 * 0.9
+    wide = torch.randint(-(2**63), 2**63 - 1, (N,), device="tpu").cpu()
+    assert (wide < 0).any() and (wide > 2**62).any()
+
+
+def test_exponential(mode):
+    x = torch.empty(N, device="tpu").exponential_(2.0).cpu()
+    assert x.min() >= 0
+    assert_moments(x, 0.5, 0.5)
+
+
+def test_randperm(mode):
+    firsts = torch.stack([torch.randperm(10, device="tpu").cpu() for _ in range(2000)])
+    assert all(sorted(row.tolist()) == list(range(10)) for row in firsts)
+    assert_moments(firsts[:, 0], 4.5, math.sqrt(99 / 12))  # the first element is uniform
+    assert torch.randperm(5, device="tpu", dtype=torch.float32).dtype == torch.float32
+
+
+def test_multinomial(mode):
+    p = torch.tensor([[0.1, 0.0, 0.6, 0.3], [1.0, 1.0, 1.0, 1.0]])
+    with_replacement = torch.multinomial(p.to("tpu"), N, replacement=True).cpu()
+    assert with_replacement.shape == (2, N) and with_replacement.dtype == torch.int64
+    assert not (with_replacement[0] == 1).any()
+    for row, probs in zip(with_replacement, p / p.sum(1, keepdim=True)):
+        for k, q in enumerate(probs.tolist()):
+            if q > 0:
+                assert_moments((row == k).double(), q, math.sqrt(q * (1 - q)))
+    # Without replacement: distinct categories, never one of probability 0;
+    # the first draw follows p.
+    draws_ = torch.stack([torch.multinomial(p[0].to("tpu"), 3).cpu() for _ in range(2000)])
+    assert all(len(set(row.tolist())) == 3 and 1 not in row.tolist() for row in draws_)
+    for k, q in enumerate(p[0].tolist()):
+        if q > 0:
+            assert_moments((draws_[:, 0] == k).double(), q, math.sqrt(q * (1 - q)))
+
+
+@pytest.mark.parametrize("call", [
+    lambda d: torch.empty(3, device=d).random_(5, 5),
+    lambda d: torch.empty(3, dtype=torch.int8, device=d).random_(0, 300),
+    lambda d: torch.empty(3, device=d).exponential_(-1),
+    lambda d: torch.multinomial(torch.tensor([0.0, 0.0], device=d), 1),
+    lambda d: torch.multinomial(torch.tensor([1.0, -1.0], device=d), 1),
+    lambda d: torch.multinomial(torch.tensor([1.0, float("nan")], device=d), 1),
+    lambda d: torch.multinomial(torch.ones(2, device=d), 3),
+    lambda d: torch.multinomial(torch.ones(2, 2, 2, device=d), 1),
+    lambda d: torch.multinomial(torch.ones(2, device=d), 0),
+])
+def test_errors_are_cpus(call, mode):
+    with pytest.raises(RuntimeError) as on_cpu:
+        call("cpu")
+    with pytest.raises(RuntimeError, match=re.escape(str(on_cpu.value))):
+        call("tpu").cpu()
+
+
 def draws():
     """One of each random op on tpu, as CPU tensors."""
     return [
         torch.rand(1000, device="tpu").cpu(),
         torch.randn(1000, device="tpu").cpu(),
         torch.empty(1000, device="tpu").bernoulli_(0.5).cpu(),
+        torch.randint(0, 1000, (1000,), device="tpu").cpu(),
+        torch.empty(1000, device="tpu").exponential_().cpu(),
+        torch.randperm(1000, device="tpu").cpu(),
+        torch.multinomial(torch.ones(2, 1000, device="tpu"), 500).cpu(),
     ]
 
 

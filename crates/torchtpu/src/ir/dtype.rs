@@ -31,6 +31,21 @@ use DType::*;
 pub const DEFAULT_FLOAT: DType = F32;
 
 impl DType {
+    /// The smallest and largest value of bool and the integer types.
+    pub fn int_range(self) -> Option<(i128, i128)> {
+        Some(match self {
+            Bool => (0, 1),
+            U8 => (0, u8::MAX as i128),
+            I8 => (i8::MIN as i128, i8::MAX as i128),
+            I16 => (i16::MIN as i128, i16::MAX as i128),
+            I32 => (i32::MIN as i128, i32::MAX as i128),
+            U32 => (0, u32::MAX as i128),
+            I64 => (i64::MIN as i128, i64::MAX as i128),
+            U64 => (0, u64::MAX as i128),
+            _ => return None,
+        })
+    }
+
     /// From `c10::ScalarType`'s numbering.
     pub fn from_c10(code: i32) -> Result<DType> {
         Ok(match code {

@@ -71,16 +71,10 @@ fn compare_type(dtype: DType) -> &'static str {
 /// Init value of a reduction, as f64 (floats) or integer bits.
 pub fn reduce_init(kind: ReduceKind, dtype: DType) -> i64 {
     let float = |x: f64| x.to_bits() as i64;
-    let (lo, hi) = match dtype {
-        DType::Bool => (0, 1),
-        DType::U8 => (0, u8::MAX as i64),
-        DType::I8 => (i8::MIN as i64, i8::MAX as i64),
-        DType::I16 => (i16::MIN as i64, i16::MAX as i64),
-        DType::I32 => (i32::MIN as i64, i32::MAX as i64),
-        DType::U32 => (0, u32::MAX as i64),
-        DType::I64 => (i64::MIN, i64::MAX),
-        DType::U64 => (0, -1),
-        _ => (float(f64::NEG_INFINITY), float(f64::INFINITY)),
+    // Integers as their 64 bits (u64's largest is -1).
+    let (lo, hi) = match dtype.int_range() {
+        Some((lo, hi)) => (lo as i64, hi as i64),
+        None => (float(f64::NEG_INFINITY), float(f64::INFINITY)),
     };
     match kind {
         ReduceKind::Sum | ReduceKind::Or => {

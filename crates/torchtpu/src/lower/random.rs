@@ -1,11 +1,20 @@
 //! Random numbers: XLA expands a 64-bit seed drawn from the tpu generator
 //! (a runtime input, so new seeds never recompile).
-use super::{op, Cx, Entry};
-use crate::error::Result;
+use super::reduce::scan;
+use super::{op, op_consts, Cx, Entry};
+use crate::error::{Error, Kind, Result};
 use crate::ir::dtype::{opmath, DType};
-use crate::ir::{Ty, V};
+use crate::ir::{ReduceKind, Ty, V};
 
-pub static ENTRIES: &[Entry] = &[op("uniform", uniform), op("normal", normal), op("bernoulli", bernoulli)];
+pub static ENTRIES: &[Entry] = &[
+    op("uniform", uniform),
+    op("normal", normal),
+    op("bernoulli", bernoulli),
+    op("random", random),
+    op_consts("exponential", exponential, &["lambd"]),
+    op("randperm", randperm),
+    op("multinomial", multinomial),
+];
 
 /// Uniform floats in [0, 1) of `shape`, from the call's generator.
 pub fn uniform01(cx: &mut Cx, shape: &[i64], generator: Option<&str>) -> Result<V> {
@@ -81,4 +90,186 @@ fn bernoulli(cx: &mut Cx) -> Result<Vec<V>> {
     };
     let hit = cx.g.compare("LT", u, p);
     Ok(vec![cx.g.convert(hit, t.dtype)])
+}
+
+/// `random_()`, `random_(to)`, `random_(from, to)` (`torch.randint`): integers
+/// uniform in [from, to), by default every value of an integer dtype or every
+/// integer a float dtype holds exactly ([0, 2^digits]); CPU's checks. Each
+/// element takes 32 random bits modulo the range (64 where it is wider), as
+/// CPU's `uniform_int_from_to_distribution`.
+fn random(cx: &mut Cx) -> Result<Vec<V>> {
+    let t = cx.meta("self")?;
+    let from = if cx.has("from") { cx.int("from")? } else { 0 } as i128;
+    let to = if cx.has("to") { cx.opt_int("to")? } else { None };
+    let (min, max) = bounds(t.dtype);
+    let to = match to {
+        Some(to) => {
+            let to = to as i128;
+            if from >= to {
+                return Err(Error::runtime(format!(
+                    "random_ expects 'from' to be less than 'to', but got from={from} >= to={to}"
+                )));
+            }
+            to
+        }
+        None => max + 1,
+    };
+    if t.dtype.is_int() || t.dtype == DType::Bool {
+        let name = c_type_name(t.dtype);
+        if from < min || from > max {
+            return Err(Error::runtime(format!("from is out of bounds for {name}")));
+        }
+        if to - 1 < min || to - 1 > max {
+            return Err(Error::runtime(format!("to - 1 is out of bounds for {name}")));
+        }
+    }
+    let range = (to - from) as u128;
+    let key = cx.seed(Some("generator"))?;
+    let bits = if range > u32::MAX as u128 {
+        cx.g.rng_bits(key, Ty::new(DType::U64, t.sizes))
+    } else {
+        let bits = cx.g.rng_bits(key, Ty::new(DType::U32, t.sizes));
+        cx.g.convert(bits, DType::U64)
+    };
+    // A range of all 2^64 values is the bits themselves.
+    let offset = if range > u64::MAX as u128 {
+        bits
+    } else {
+        let r = u64_full(cx, range as u64, t.sizes);
+        cx.g.binary("stablehlo.remainder", bits, r)
+    };
+    // from + offset in two's complement, wrapping as the signed sum does not.
+    let base = u64_full(cx, from as i64 as u64, t.sizes);
+    let value = cx.g.binary("stablehlo.add", offset, base);
+    let value = cx.g.bitcast(value, Ty::new(DType::I64, t.sizes));
+    Ok(vec![cx.g.convert(value, t.dtype)])
+}
+
+/// A 64-bit integer constant of `shape`, exact (a float holds 53 bits).
+fn u64_full(cx: &mut Cx, value: u64, shape: &[i64]) -> V {
+    let high = cx.g.full((value >> 32) as f64, DType::U64, shape);
+    let low = cx.g.full((value & 0xffff_ffff) as f64, DType::U64, shape);
+    let shift = cx.g.full(32.0, DType::U64, shape);
+    let high = cx.g.binary("stablehlo.shift_left", high, shift);
+    cx.g.binary("stablehlo.or", high, low)
+}
+
+/// The smallest and largest integer `dtype` holds (floats: exactly).
+fn bounds(dtype: DType) -> (i128, i128) {
+    let digits = match dtype {
+        DType::F16 => 11,
+        DType::BF16 => 8,
+        DType::F32 => 24,
+        _ => 53,
+    };
+    dtype.int_range().unwrap_or((-(1 << digits), 1 << digits))
+}
+
+/// The C++ name CPU's messages give an integer dtype.
+fn c_type_name(dtype: DType) -> &'static str {
+    match dtype {
+        DType::Bool => "bool",
+        DType::U8 => "unsigned char",
+        DType::I8 => "signed char",
+        DType::I16 => "short",
+        DType::I32 => "int",
+        _ => "long",
+    }
+}
+
+/// `exponential_(lambd)`: -log(1 - u) / lambd.
+fn exponential(cx: &mut Cx) -> Result<Vec<V>> {
+    let t = cx.meta("self")?;
+    let lambd = cx.const_f64("lambd")?;
+    if !(lambd > 0.0) {
+        return Err(Error::runtime(format!("exponential_ expects lambda > 0.0, but found lambda={lambd}")));
+    }
+    let e = standard_exponential(cx, t.sizes, Some("generator"))?;
+    let scale = cx.g.full(1.0 / lambd, DType::F32, t.sizes);
+    let e = cx.g.binary("stablehlo.multiply", e, scale);
+    Ok(vec![cx.g.convert(e, t.dtype)])
+}
+
+/// Exp(1) samples of `shape`: -log(1 - u), finite since u < 1.
+fn standard_exponential(cx: &mut Cx, shape: &[i64], generator: Option<&str>) -> Result<V> {
+    let u = uniform01(cx, shape, generator)?;
+    let minus_u = cx.g.unary("stablehlo.negate", u);
+    let l = cx.g.unary("stablehlo.log_plus_one", minus_u);
+    Ok(cx.g.unary("stablehlo.negate", l))
+}
+
+/// `randperm(n)` into `out`: 0..n ordered by 64 random bits each.
+fn randperm(cx: &mut Cx) -> Result<Vec<V>> {
+    let n = cx.int("n")?;
+    if n < 0 {
+        return Err(Error::runtime(format!("n must be non-negative, got{n}")));
+    }
+    let dtype = cx.meta("out")?.dtype;
+    let key = cx.seed(Some("generator"))?;
+    let keys = cx.g.rng_bits(key, Ty::new(DType::U64, &[n]));
+    let order = cx.g.iota(DType::I64, &[n], 0);
+    let sorted = cx.g.sort(&[keys, order], 0, false, 1);
+    Ok(vec![cx.g.convert(sorted[1], dtype)])
+}
+
+/// `multinomial`: CPU's checks; without replacement (or one sample) the
+/// largest of p / Exp(1) draws, as CPU samples them; with replacement, the
+/// first category whose running sum exceeds a uniform draw of the total.
+fn multinomial(cx: &mut Cx) -> Result<Vec<V>> {
+    let t = cx.meta("self")?;
+    let samples = cx.int("num_samples")?;
+    let replacement = cx.bool("replacement")?;
+    if !(1..=2).contains(&t.sizes.len()) {
+        return Err(Error::runtime("prob_dist must be 1 or 2 dim"));
+    }
+    let n = *t.sizes.last().unwrap();
+    if samples <= 0 {
+        return Err(Error::runtime("cannot sample n_sample <= 0 samples"));
+    }
+    if !replacement && samples > n {
+        return Err(Error::runtime("cannot sample n_sample > prob_dist.size(-1) samples without replacement"));
+    }
+    let rows = if t.sizes.len() == 2 { t.sizes[0] } else { 1 };
+    let p = cx.tensor("self")?;
+    let p = cx.g.convert(p, DType::F32);
+    let p = cx.g.reshape(p, &[rows, n]);
+    let magnitude = cx.g.unary("stablehlo.abs", p);
+    let inf = cx.g.full(f64::INFINITY, DType::F32, &[rows, n]);
+    let finite = cx.g.compare("LT", magnitude, inf);
+    let zero = cx.g.full(0.0, DType::F32, &[rows, n]);
+    let nonnegative = cx.g.compare("GE", p, zero);
+    let fine = cx.g.binary("stablehlo.and", finite, nonnegative);
+    let all_fine = cx.g.reduce(ReduceKind::And, fine, &[0, 1]);
+    let bad = cx.g.unary("stablehlo.not", all_fine);
+    cx.check(bad, None, Kind::Runtime, "probability tensor contains either `inf`, `nan` or element < 0");
+    let totals = cx.g.reduce(ReduceKind::Sum, p, &[1]);
+    let zero_rows = cx.g.full(0.0, DType::F32, &[rows]);
+    let empty = cx.g.compare("LE", totals, zero_rows);
+    let any_empty = cx.g.reduce(ReduceKind::Or, empty, &[0]);
+    cx.check(any_empty, None, Kind::Runtime, "invalid multinomial distribution (sum of probabilities <= 0)");
+    let picked = if !replacement || samples == 1 {
+        let e = standard_exponential(cx, &[rows, n], Some("generator"))?;
+        let score = cx.g.binary("stablehlo.divide", p, e);
+        let order = cx.g.iota(DType::I64, &[rows, n], 1);
+        let sorted = cx.g.sort(&[score, order], 1, true, 1);
+        cx.g.slice(sorted[1], &[0, 0], &[rows, samples], &[1, 1])
+    } else {
+        let cdf = scan(cx, &[p], 1, &[ReduceKind::Sum], |cx, earlier, later| {
+            vec![cx.g.binary("stablehlo.add", later[0], earlier[0])]
+        })[0];
+        let u = uniform01(cx, &[rows, samples], Some("generator"))?;
+        let totals = cx.g.broadcast_in_dim(totals, &[rows, samples], &[0]);
+        let u = cx.g.binary("stablehlo.multiply", u, totals);
+        // The categories whose running sum is at most the draw come before it.
+        let shape = [rows, samples, n];
+        let cdf = cx.g.broadcast_in_dim(cdf, &shape, &[0, 2]);
+        let u = cx.g.broadcast_in_dim(u, &shape, &[0, 1]);
+        let below = cx.g.compare("LE", cdf, u);
+        let below = cx.g.convert(below, DType::I64);
+        let index = cx.g.reduce(ReduceKind::Sum, below, &[2]);
+        let last = cx.g.full((n - 1) as f64, DType::I64, &[rows, samples]);
+        cx.g.binary("stablehlo.minimum", index, last)
+    };
+    let out = if t.sizes.len() == 2 { vec![rows, samples] } else { vec![samples] };
+    Ok(vec![cx.g.reshape(picked, &out)])
 }
