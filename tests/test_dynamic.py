@@ -9,7 +9,7 @@ import textwrap
 
 
 def run(script, **env):
-    env = dict(os.environ, TORCHTPU_MODE="fused", **env)
+    env = {**os.environ, "TORCHTPU_MODE": "fused", **env}
     done = subprocess.run([sys.executable, "-c", textwrap.dedent(script)], env=env, capture_output=True, text=True,
                           timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -181,3 +181,88 @@ def test_a_bucketed_value_is_unpadded_once_for_its_readers(tmp_path):
         print(json.dumps({"unpads": unpads, "values": values, "runs": torchtpu.metrics()["bucketed_runs"]}))
     """, TORCHTPU_CACHE_DIR=str(tmp_path))
     assert r["runs"] == 2 and r["unpads"] == [0, 1, 1] and all(map(all, r["values"])), r
+
+
+WINDOWS = """
+    import json, torch, torchtpu
+    torch.manual_seed(0)
+    r = {}
+
+    def compilations():
+        return torchtpu.metrics()["compilations"]
+
+    # A window sliding over a long tensor: the offset is a runtime input.
+    source, w = torch.randn(2030, 20), torch.randn(20, 8)
+    on_tpu, w_tpu = source.to("tpu"), w.to("tpu")
+    before, errors = compilations(), []
+    for i in range(0, 60 * 33, 33):
+        got = (on_tpu[i:i + 35] @ w_tpu).tanh().sum(0)
+        errors.append((got.cpu() - (source[i:i + 35] @ w).tanh().sum(0)).abs().max().item())
+    r["windows"] = [compilations() - before, max(errors)]
+
+    # The positional encoding of a fixed table, x + pe[:L]: a growing prefix.
+    pe = torch.randn(512, 16)
+    pe_tpu = pe.to("tpu")
+    before, errors = compilations(), []
+    for n in range(1, 41):
+        x = torch.randn(n, 16)
+        errors.append(((x.to("tpu") + pe_tpu[:n]).cpu() - (x + pe[:n])).abs().max().item())
+    r["prefixes"] = [compilations() - before, max(errors)]
+
+    # A language-model tutorial's loop: get_batch's source[i:i+35] at every i
+    # (the last batch shorter), an LSTM trained on it.
+    class LM(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed, self.rnn, self.head = torch.nn.Embedding(50, 16), torch.nn.LSTM(16, 32), torch.nn.Linear(32, 50)
+
+        def forward(self, x):
+            return self.head(self.rnn(self.embed(x))[0])
+
+    tokens = torch.randint(0, 50, (600, 4))
+
+    def train(device):
+        torch.manual_seed(0)
+        model = LM().to(device)
+        opt, data, losses = torch.optim.SGD(model.parameters(), lr=0.5), tokens.to(device), []
+        for i in range(0, len(tokens) - 1, 35):
+            n = min(35, len(tokens) - 1 - i)
+            x, y = data[i:i + n], data[i + 1:i + 1 + n].reshape(-1)
+            opt.zero_grad()
+            loss = torch.nn.functional.cross_entropy(model(x).view(-1, 50), y)
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+        return losses
+
+    before = compilations()
+    r["lm"], r["lm_compilations"], r["lm_cpu"] = train("tpu"), compilations() - before, train("cpu")
+    print(json.dumps(r))
+"""
+
+
+def test_windows_and_prefixes_compile_a_bounded_number_of_programs(tmp_path):
+    """A slice whose offset changes every step (60 offsets) compiles twice
+    (two samples fit the offset) and then runs one program; a prefix whose
+    length changes (40 lengths) compiles once per bucket; a tutorial's
+    language model over such windows trains with CPU's losses in 3 programs."""
+    r = run(WINDOWS, TORCHTPU_CACHE_DIR=str(tmp_path))
+    assert r["windows"][0] <= 2 and r["windows"][1] < 1e-4, r
+    assert r["prefixes"][0] <= 8 and r["prefixes"][1] == 0, r
+    assert close(r["lm"], r["lm_cpu"]) and r["lm_compilations"] <= 3, r
+
+
+def test_windows_reuse_one_program_per_op_in_strict_mode(tmp_path):
+    """Strict mode: an op whose plans differ only in an offset runs one
+    program (the offset an input) from the second offset on."""
+    r = run("""
+        import json, torch, torchtpu
+        source, w = torch.randn(2030, 20), torch.randn(20, 8)
+        on_tpu, w_tpu = source.to("tpu"), w.to("tpu")
+        before, errors = torchtpu.metrics()["compilations"], []
+        for i in range(0, 60 * 33, 33):
+            got = (on_tpu[i:i + 35] @ w_tpu).tanh().sum(0)
+            errors.append((got.cpu() - (source[i:i + 35] @ w).tanh().sum(0)).abs().max().item())
+        print(json.dumps([torchtpu.metrics()["compilations"] - before, max(errors)]))
+    """, TORCHTPU_CACHE_DIR=str(tmp_path), TORCHTPU_MODE="strict")
+    assert r[0] <= 5 and r[1] < 1e-4, r

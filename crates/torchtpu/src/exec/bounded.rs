@@ -378,6 +378,16 @@ pub fn generalize(g: &Graph, padded: &[Option<&[i64]>]) -> Option<Bucketed> {
     Some(Bucketed { sizes, ..built })
 }
 
+/// `g` generalized where its family's fit moves integers but changes no
+/// dimension (a slice's offset, a constant): static shapes, the moving
+/// values computed from the sizes passed after its parameters. What a
+/// per-op program (strict, debug) takes, whose outputs cannot be padded.
+pub fn moving(g: &Graph) -> Option<Bucketed> {
+    let b = generalize(g, &vec![None; g.params.len()])?;
+    let fixed = b.graph.nodes.iter().all(|n| n.ty.dynamic == 0) && b.graph.params.iter().all(|t| t.dynamic == 0);
+    (fixed && b.padded.iter().all(Option::is_none)).then_some(b)
+}
+
 /// Most programs `sweep` builds for one structure (two changing sizes up to
 /// 512 would make 100).
 const SWEEP: usize = 64;
@@ -577,12 +587,15 @@ impl<'a> Builder<'a> {
             if ft.changes() || (stride[d] != 1 && (fs.changes() || fl.changes())) {
                 return None;
             }
+            // The real start and limit fit the operand (the trace was built
+            // from them); a bucket's bounds must fit too where a size changes.
+            let sized = size.changes() || od.changes();
             if fs.changes() {
                 moving = true;
-                if self.bound(fs) + self.bound(size) > self.bound(od) {
+                if sized && self.bound(fs) + self.bound(size) > self.bound(od) {
                     return None; // XLA would clamp the start
                 }
-            } else if fl.changes() && (fl.outgrows(&od) || self.bound(fl) > self.bound(od)) {
+            } else if fl.changes() && ((od.changes() && fl.outgrows(&od)) || self.bound(fl) > self.bound(od)) {
                 return None;
             }
             limit[d] = self.bound(fl);

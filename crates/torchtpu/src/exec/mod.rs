@@ -8,7 +8,7 @@
 use std::any::Any;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU8, Ordering};
-use std::sync::{Arc, LazyLock, Mutex, RwLock, Weak};
+use std::sync::{Arc, LazyLock, Mutex, OnceLock, RwLock, Weak};
 use std::time::Instant;
 
 use crate::error::{Error, Result};
@@ -91,6 +91,9 @@ pub struct Plan {
     pub checks: Vec<lower::Check>,
     /// Buffers behind `Input::Constant`s.
     pub constants: Vec<Arc<DeviceBuffer>>,
+    /// Run alone (strict, debug): the graph with its moving integers as
+    /// inputs, where plans of its structure differ in offsets only.
+    moving: OnceLock<Option<bounded::Bucketed>>,
 }
 
 impl Plan {
@@ -113,6 +116,7 @@ impl Plan {
             undefined: Vec::new(),
             checks,
             constants,
+            moving: OnceLock::new(),
         }
     }
 
@@ -122,9 +126,17 @@ impl Plan {
             p.touch();
             return Ok(p);
         }
-        let p = cache::compile(&self.graph, &self.name)?;
+        let graph = self.moving().map_or(&self.graph, |b| &b.graph);
+        let p = cache::compile(graph, &self.name)?;
         *slot = Arc::downgrade(&p);
         Ok(p)
+    }
+
+    /// The graph run alone where only offsets move between plans of its
+    /// structure (a window sliding over a tensor): one program serves them
+    /// all, this plan's offsets passed as inputs (`bounded::moving`).
+    fn moving(&self) -> Option<&bounded::Bucketed> {
+        self.moving.get_or_init(|| bounded::enabled().then(|| bounded::moving(&self.graph)).flatten()).as_ref()
     }
 
     /// `aten::mm(f32[2, 3], f32[3, 4]) -> f32[2, 4]`, for explanations.
@@ -294,6 +306,7 @@ fn build(
         undefined,
         checks,
         constants: Vec::new(),
+        moving: OnceLock::new(),
     })
 }
 
@@ -529,8 +542,13 @@ pub fn read_bool(b: &DeviceBuffer) -> Result<bool> {
 
 fn execute(plan: &Plan, what: &str, args: &[Arg], device: usize) -> Result<Vec<Arc<DeviceBuffer>>> {
     let rt = runtime::get()?;
-    let held: Vec<Arc<DeviceBuffer>> =
+    let mut held: Vec<Arc<DeviceBuffer>> =
         plan.inputs.iter().map(|i| input(plan, i, args, device)).collect::<Result<_>>()?;
+    if let Some(b) = plan.moving() {
+        for &s in &b.sizes {
+            held.push(upload_scalar(&(s as i32).to_le_bytes(), DType::I32, device)?);
+        }
+    }
     let refs: Vec<&pjrt::Buffer> = held.iter().map(|b| &*b.buf).collect();
     let start = Instant::now();
     let program = plan.program()?;
