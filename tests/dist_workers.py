@@ -557,6 +557,105 @@ def nccl_refused():
         raise AssertionError("an nccl group was made in a tpu process")
 
 
+# Pipeline schedules: name -> (class, stages per rank, how a rank's stages
+# are laid out: "loop" rank r holds r, r + world; "v" holds r, 2 world - 1 - r).
+SCHEDULES = {
+    "gpipe": ("ScheduleGPipe", 1, "loop"),
+    "1f1b": ("Schedule1F1B", 1, "loop"),
+    "interleaved_1f1b": ("ScheduleInterleaved1F1B", 2, "loop"),
+    "interleaved_zero_bubble": ("ScheduleInterleavedZeroBubble", 2, "loop"),
+    "zbv_zero_bubble": ("ScheduleZBVZeroBubble", 2, "v"),
+}
+MICROBATCHES = 4
+
+
+def _pipeline_model(stages):
+    """A model of `stages` blocks, the last with the head."""
+    torch.manual_seed(0)
+    blocks = [nn.Sequential(nn.Linear(16, 16), nn.Tanh()) for _ in range(stages)]
+    blocks[-1].append(nn.Linear(16, 4))
+    return blocks
+
+
+def pipeline():
+    """torch.distributed.pipelining on tpu (schedule PP_SCHEDULE): each rank
+    holds its stages of a model split in blocks, the stages exchange shapes
+    and activations point to point; losses and parameters equal one CPU
+    process training the whole model on the same micro-batches (rtol 1e-4)."""
+    import torch.distributed.pipelining as pp
+
+    name, per_rank, layout = SCHEDULES[os.environ["PP_SCHEDULE"]]
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    device = torch.device("tpu", int(os.environ["LOCAL_RANK"]))
+    dist.init_process_group(device_id=device, timeout=TIMEOUT)
+    stages = world * per_rank
+    mine = [rank] if per_rank == 1 else [rank, rank + world if layout == "loop" else 2 * world - 1 - rank]
+    blocks = _pipeline_model(stages)
+    modules = {i: blocks[i].to(device) for i in mine}
+    loss_fn = nn.CrossEntropyLoss()
+    stage_objects = [pp.PipelineStage(modules[i], i, stages, device) for i in mine]
+    schedule_class = getattr(pp, name)
+    schedule = schedule_class(stage_objects[0] if per_rank == 1 else stage_objects, n_microbatches=MICROBATCHES,
+                              loss_fn=loss_fn)
+    opt = torch.optim.SGD([p for m in modules.values() for p in m.parameters()], lr=0.1)
+    g = torch.Generator().manual_seed(1)
+    batches = [(torch.randn(8, 16, generator=g), torch.randint(0, 4, (8,), generator=g)) for _ in range(3)]
+    holds_first, holds_last = 0 in mine, stages - 1 in mine
+    losses = []
+    for x, y in batches:
+        opt.zero_grad()
+        out = []
+        kwargs = {"target": y.to(device), "losses": out} if holds_last else {}
+        schedule.step(*([x.to(device)] if holds_first else []), **kwargs)
+        opt.step()
+        losses.append([l.item() for l in out])
+
+    # One CPU process, the same micro-batches, their mean loss.
+    reference = _pipeline_model(stages)
+    whole = nn.Sequential(*reference)
+    ref_opt = torch.optim.SGD(whole.parameters(), lr=0.1)
+    ref_losses = []
+    for x, y in batches:
+        ref_opt.zero_grad()
+        micro = [loss_fn(whole(xm), ym) for xm, ym in zip(x.chunk(MICROBATCHES), y.chunk(MICROBATCHES))]
+        (sum(micro) / MICROBATCHES).backward()
+        ref_opt.step()
+        ref_losses.append([l.item() for l in micro])
+    if holds_last:
+        torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref_losses), rtol=1e-4, atol=1e-5)
+    for i in mine:
+        for p, r in zip(modules[i].parameters(), reference[i].parameters()):
+            _same(p.detach(), r.detach(), f"stage {i}'s parameter", rtol=1e-4, atol=1e-5)
+    dist.destroy_process_group()
+
+
+def pipeline_peer_missing():
+    """The last stage waits for activations its peer never sends: it raises
+    within the group's timeout (DIST_TIMEOUT), rather than hanging."""
+    import time
+
+    import torch.distributed.pipelining as pp
+
+    rank = int(os.environ["RANK"])
+    device = torch.device("tpu", rank)
+    dist.init_process_group(device_id=device, timeout=TIMEOUT)
+    if rank == 0:  # never sends; stays until its peer has given up
+        time.sleep(TIMEOUT.total_seconds() + 10)
+        return
+    stage = pp.PipelineStage(_pipeline_model(2)[1].to(device), 1, 2, device,
+                             input_args=torch.empty(2, 16, device=device))
+    schedule = pp.ScheduleGPipe(stage, n_microbatches=1, loss_fn=nn.CrossEntropyLoss())
+    start = time.monotonic()
+    try:
+        schedule.step(target=torch.zeros(2, dtype=torch.int64, device=device), losses=[])
+    except Exception as e:  # gloo's timeout, as the group's
+        waited = time.monotonic() - start
+        assert waited < TIMEOUT.total_seconds() + 10, waited
+        print(f"raised after {waited:.1f}s: {type(e).__name__}: {str(e)[:200]}")
+    else:
+        raise AssertionError("a stage received what was never sent")
+
+
 def _opts(options, **fields):
     for k, v in fields.items():
         setattr(options, k, v)

@@ -80,6 +80,18 @@ def test_device_id_point_to_point_and_splits(backend):
     launch("device_id_and_p2p", env={"DIST_BACKEND": backend})
 
 
+@pytest.mark.parametrize("schedule, world", [
+    ("gpipe", 2), ("1f1b", 2), ("interleaved_1f1b", 4), ("interleaved_zero_bubble", 2), ("zbv_zero_bubble", 2),
+])
+def test_pipeline_schedules_train_as_one_cpu_process(schedule, world):
+    launch("pipeline", world=world, env={"PP_SCHEDULE": schedule})
+
+
+def test_pipeline_stage_whose_peer_never_sends_raises_within_the_timeout():
+    outputs = launch("pipeline_peer_missing", env={"DIST_TIMEOUT": "5"})
+    assert "raised after" in outputs[1], outputs[1]
+
+
 def test_nccl_names_the_backends_that_carry_tpu_tensors():
     outputs = launch("nccl_refused", world=1)
     assert "'nccl' carries CUDA tensors only" in outputs[0] and "'gloo'" in outputs[0], outputs[0]
