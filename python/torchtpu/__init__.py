@@ -78,6 +78,9 @@ def reset_metrics() -> None:
     _C.reset_metrics()
 
 
+from .advice import advise  # noqa: E402,F401
+
+
 from torch.optim.optimizer import register_optimizer_step_post_hook  # noqa: E402
 
 
@@ -161,3 +164,8 @@ if torch.distributed.is_available():
 
 if "TORCHTPU_MODE" in os.environ:
     set_mode(os.environ["TORCHTPU_MODE"])
+
+if os.environ.get("TORCHTPU_ADVISE") == "1":
+    import atexit
+
+    atexit.register(advise)

@@ -150,6 +150,33 @@ fn metrics(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     Ok(d)
 }
 
+/// The matrix products and convolutions whose shapes a TPU pads or
+/// under-fills (`exec::advice`), the most wasteful first.
+#[pyfunction]
+fn advice(py: Python<'_>) -> PyResult<Vec<Bound<'_, PyDict>>> {
+    exec::advice::findings()
+        .into_iter()
+        .map(|f| {
+            let d = PyDict::new(py);
+            d.set_item("kind", f.kind)?;
+            d.set_item("op", f.op)?;
+            d.set_item("source", f.source)?;
+            d.set_item("dtype", f.dtype.torch_name())?;
+            d.set_item("shapes", (f.lhs, f.rhs))?;
+            d.set_item("rows_contracting_columns", f.mkn.to_vec())?;
+            d.set_item("wasted", f.wasted)?;
+            d.set_item("reasons", f.reasons)?;
+            d.set_item("count", f.count)?;
+            Ok(d)
+        })
+        .collect()
+}
+
+#[pyfunction]
+fn clear_advice() {
+    exec::advice::clear();
+}
+
 #[pyfunction]
 fn reset_metrics() {
     crate::exec::overlap::wait();
@@ -310,6 +337,8 @@ fn bucket(s: i64) -> i64 {
 #[pyo3(name = "_C")]
 fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(configure, m)?)?;
+    m.add_function(wrap_pyfunction!(advice, m)?)?;
+    m.add_function(wrap_pyfunction!(clear_advice, m)?)?;
     m.add_function(wrap_pyfunction!(device_count, m)?)?;
     m.add_function(wrap_pyfunction!(join, m)?)?;
     m.add_function(wrap_pyfunction!(device_id, m)?)?;

@@ -22,6 +22,7 @@ use crate::runtime::storage::{DeviceBuffer, Storage, Value};
 use crate::runtime::{self, event};
 use trace::Reason;
 
+pub mod advice;
 pub mod bounded;
 pub mod compiled;
 pub mod overlap;
@@ -274,6 +275,7 @@ fn build(
     let undefined = (0..results.len()).filter(|&i| results[i] == lower::UNDEFINED).collect();
     let outputs: Vec<_> = results.into_iter().filter(|&v| v != lower::UNDEFINED).collect();
     let mut g = std::mem::take(&mut cx.g);
+    advice::note(&op.name, &g);
     let logical: Vec<Ty> = outputs.iter().map(|&v| g.ty(v).clone()).collect();
     // Values are stored flat, so that a storage's value type never depends
     // on the shape of the op that wrote it last (a training step recorded

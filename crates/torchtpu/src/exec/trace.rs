@@ -783,7 +783,7 @@ pub fn recorded() -> usize {
 }
 
 /// `file.py:42` of the innermost Python frame outside torch and torchtpu.
-fn source_line() -> Option<String> {
+pub(super) fn source_line() -> Option<String> {
     use pyo3::prelude::*;
     Python::attach(|py| {
         let mut frame = py.import("sys").ok()?.call_method1("_getframe", (0,)).ok()?;
