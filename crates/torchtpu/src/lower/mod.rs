@@ -47,6 +47,7 @@ mod random;
 mod reduce;
 mod resize;
 mod rnn;
+mod roi;
 mod shape;
 mod sort;
 
@@ -119,6 +120,7 @@ fn table() -> impl Iterator<Item = &'static Entry> {
         reduce::ENTRIES,
         resize::ENTRIES,
         rnn::ENTRIES,
+        roi::ENTRIES,
         shape::ENTRIES,
         sort::ENTRIES,
         COPY_ENTRIES,
@@ -130,7 +132,7 @@ fn table() -> impl Iterator<Item = &'static Entry> {
 /// Base names of the lowered ATen operators (no namespace, no trailing `_`),
 /// for the coverage report.
 pub fn lowered_names() -> Vec<&'static str> {
-    table().map(|e| e.name).filter(|n| !n.starts_with("torchtpu::")).collect()
+    table().map(|e| e.name).filter(|n| !n.contains("::")).collect()
 }
 
 pub struct ArgDef {
@@ -167,8 +169,10 @@ static OPS: RwLock<Vec<&'static OpDef>> = RwLock::new(Vec::new());
 
 /// Registers an overload; None when nothing lowers it (CPU fallback).
 pub fn register(name: &str, overload: &str, args: Vec<ArgDef>, inplace: bool) -> Option<i32> {
-    // aten operators by base name; torchtpu's own (`torchtpu::kernel`) by full name.
-    let base = name.strip_prefix("aten::").or(name.starts_with("torchtpu::").then_some(name))?;
+    // aten operators by base name; torchtpu's own (`torchtpu::kernel`) and
+    // torchvision's by full name.
+    let full_name = name.starts_with("torchtpu::") || name.starts_with("torchvision::");
+    let base = name.strip_prefix("aten::").or(full_name.then_some(name))?;
     let base = if inplace { base.strip_suffix('_').unwrap_or(base) } else { base };
     let entry = table().find(|e| e.name == base)?;
     let mut args = args;

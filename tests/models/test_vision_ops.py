@@ -1,0 +1,51 @@
+"""torchvision's detection ops on tpu against their CPU kernels: RoIAlign
+and its gradient (boxes inside, across and outside the image, aligned or
+not), in fused and strict modes, without CPU fallbacks; an adaptive sampling
+grid runs on the CPU, counted."""
+import pytest
+import torch
+
+import torchtpu
+
+torchvision = pytest.importorskip("torchvision", reason="pip install --no-deps -r requirements-models.txt")
+from torchvision.ops import roi_align  # noqa: E402
+
+
+def boxes():
+    g = torch.Generator().manual_seed(0)
+    xy = torch.rand(12, 2, generator=g) * 40 - 6  # some start left of or above the image
+    wh = torch.rand(12, 2, generator=g) * 30 + 0.5
+    b = torch.cat([xy, xy + wh], 1)
+    b[0] = torch.tensor([50.0, 50.0, 60.0, 70.0])  # wholly outside
+    b[1] = torch.tensor([3.0, 4.0, 3.2, 4.1])  # narrower than a pixel
+    batch = torch.arange(12).remainder(2).float()[:, None]
+    return torch.cat([batch, b], 1)
+
+
+@pytest.mark.parametrize("mode", ["fused", "strict"])
+@pytest.mark.parametrize("aligned", [False, True])
+def test_roi_align_and_its_gradient_equal_cpu(mode, aligned):
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(2, 3, 20, 24, generator=g)
+    rois = boxes()
+    cot = torch.randn(12, 3, 5, 4, generator=g)
+    results = {}
+    with torchtpu.mode(mode):
+        torchtpu.reset_metrics()
+        for device in ("cpu", "tpu"):
+            inp = x.to(device).detach().requires_grad_()
+            out = roi_align(inp, rois.to(device), output_size=(5, 4), spatial_scale=0.5, sampling_ratio=2,
+                            aligned=aligned)
+            (out * cot.to(device)).sum().backward()
+            results[device] = (out.detach().cpu(), inp.grad.cpu())
+        assert torchtpu.metrics()["fallbacks"] == {}
+    torch.testing.assert_close(results["tpu"][0], results["cpu"][0])
+    torch.testing.assert_close(results["tpu"][1], results["cpu"][1])
+
+
+def test_an_adaptive_sampling_grid_runs_on_the_cpu_counted():
+    x = torch.randn(2, 3, 20, 24)
+    torchtpu.reset_metrics()
+    out = roi_align(x.to("tpu"), boxes().to("tpu"), output_size=3, spatial_scale=0.5, sampling_ratio=0)
+    torch.testing.assert_close(out.cpu(), roi_align(x, boxes(), output_size=3, spatial_scale=0.5, sampling_ratio=0))
+    assert torchtpu.metrics()["fallbacks"] == {"torchvision::roi_align": 1}
