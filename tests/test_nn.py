@@ -639,3 +639,27 @@ def test_grouped_mm(ends, mode):
 
     compare(experts, x, w, grad=True, rtol=1e-5, atol=1e-4)
     compare(lambda a, b: torch._grouped_mm(a, b), randn(3, 5, 8), randn(3, 8, 4), rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("dim", [0, 2])
+def test_weight_norm(dtype, dim, mode):
+    """nn.utils.weight_norm as wav2vec2's positional convolution uses it
+    (`_weight_norm_interface` and its backward, kept dimension first or
+    last): weights, norms and both gradients as on CPU, no fallback."""
+    g = torch.Generator().manual_seed(0)
+    v = torch.randn(6, 4, 3, generator=g).to(dtype)
+    norm = torch.randn(*([6, 1, 1] if dim == 0 else [1, 1, 3]), generator=g).to(dtype)
+    cot = torch.randn(6, 4, 3, generator=g).to(dtype)
+    results = {}
+    torchtpu.reset_metrics()
+    for device in ("cpu", "tpu"):
+        leaves = [v.to(device).detach().requires_grad_(), norm.to(device).detach().requires_grad_()]
+        w, norms = torch._weight_norm_interface(*leaves, dim)
+        (w * cot.to(device)).sum().backward()
+        results[device] = [x.detach().cpu() for x in (w, norms, leaves[0].grad, leaves[1].grad)]
+    assert torchtpu.metrics()["fallbacks"] == {}
+    tol = dict(rtol=1.6e-2, atol=1e-2) if dtype == torch.bfloat16 else {}
+    for got, expected in zip(results["tpu"], results["cpu"]):
+        assert got.dtype == expected.dtype
+        torch.testing.assert_close(got, expected, **tol)

@@ -8,7 +8,7 @@
 //! input comes with float32 parameters ("mixed type"), else in the input's
 //! dtype. `eps` and `momentum` are runtime operands.
 use super::elementwise::{not_implemented, round_to};
-use super::nn::{add, mul, reduce_back, sub};
+use super::nn::{add, div, mul, reduce_back, sub};
 use super::{op, op_writes, Cx, Entry, UNDEFINED};
 use crate::error::{Error, Result};
 use crate::ir::dtype::{opmath, DType};
@@ -24,6 +24,8 @@ pub static ENTRIES: &[Entry] = &[
     op("native_layer_norm_backward", layer_norm_backward),
     op("native_group_norm", group_norm),
     op("native_group_norm_backward", group_norm_backward),
+    op("_weight_norm_interface", weight_norm),
+    op("_weight_norm_interface_backward", weight_norm_backward),
 ];
 
 const RUNNING: [&str; 2] = ["running_mean", "running_var"];
@@ -453,4 +455,60 @@ fn group_norm_backward(cx: &mut Cx) -> Result<Vec<V>> {
         out[2] = sum_to(cx, g, &[0, 2], pdt);
     }
     Ok(out)
+}
+
+/// `v`'s dimensions but `dim`, the one weight norm keeps, and the shape of
+/// its norms (and `g`): `v`'s with 1 in every other dimension.
+fn weight_norm_dims(cx: &Cx) -> Result<(Vec<usize>, Vec<i64>)> {
+    let v = cx.meta("v").or_else(|_| cx.meta("saved_v"))?;
+    let dim = super::wrap_dim(cx.int("dim")?, v.sizes.len())?;
+    let others = (0..v.sizes.len()).filter(|&d| d != dim).collect();
+    let kept = v.sizes.iter().enumerate().map(|(d, &n)| if d == dim { n } else { 1 }).collect();
+    Ok((others, kept))
+}
+
+/// `_weight_norm_interface(v, g, dim)`: `w = v * g / ||v||` over every
+/// dimension but `dim`, and the norms (in float for a half-precision `v`).
+fn weight_norm(cx: &mut Cx) -> Result<Vec<V>> {
+    let t = cx.meta("v")?;
+    let ct = opmath(t.dtype);
+    let (others, kept) = weight_norm_dims(cx)?;
+    let v = read(cx, "v", ct)?;
+    let g = read(cx, "g", ct)?;
+    let g = cx.g.reshape(g, &kept);
+    let squares = mul(cx, v, v);
+    let sum = cx.g.reduce(ReduceKind::Sum, squares, &others);
+    let norm = cx.g.unary("stablehlo.sqrt", sum);
+    let norm = cx.g.reshape(norm, &kept);
+    let scale = div(cx, g, norm);
+    let scale = cx.g.broadcast_to(scale, t.sizes);
+    let w = mul(cx, v, scale);
+    Ok(vec![cx.g.convert(w, t.dtype), cx.g.convert(norm, opmath(cx.meta("g")?.dtype))])
+}
+
+/// Its gradients, as CPU's kernel: `grad_g = sum(grad_w * v) / norm` over
+/// the other dimensions, `grad_v = g / norm * (grad_w - v * grad_g / norm)`.
+fn weight_norm_backward(cx: &mut Cx) -> Result<Vec<V>> {
+    let (t, tg) = (cx.meta("saved_v")?, cx.meta("saved_g")?);
+    let ct = opmath(t.dtype);
+    let (others, kept) = weight_norm_dims(cx)?;
+    let grad = read(cx, "grad_w", ct)?;
+    let v = read(cx, "saved_v", ct)?;
+    let g = read(cx, "saved_g", ct)?;
+    let g = cx.g.reshape(g, &kept);
+    let norm = read(cx, "saved_norms", ct)?;
+    let norm = cx.g.reshape(norm, &kept);
+    let products = mul(cx, grad, v);
+    let dot = cx.g.reduce(ReduceKind::Sum, products, &others);
+    let dot = cx.g.reshape(dot, &kept);
+    let grad_g = div(cx, dot, norm);
+    let per = div(cx, grad_g, norm);
+    let per = cx.g.broadcast_to(per, t.sizes);
+    let along = mul(cx, v, per);
+    let rest = sub(cx, grad, along);
+    let scale = div(cx, g, norm);
+    let scale = cx.g.broadcast_to(scale, t.sizes);
+    let grad_v = mul(cx, scale, rest);
+    let grad_g = cx.g.reshape(grad_g, tg.sizes);
+    Ok(vec![cx.g.convert(grad_v, t.dtype), cx.g.convert(grad_g, tg.dtype)])
 }
