@@ -38,6 +38,7 @@ mod index;
 mod kernel;
 mod linalg;
 mod loss;
+mod nms;
 mod nn;
 mod norm;
 mod optim;
@@ -111,6 +112,7 @@ fn table() -> impl Iterator<Item = &'static Entry> {
         kernel::ENTRIES,
         linalg::ENTRIES,
         loss::ENTRIES,
+        nms::ENTRIES,
         nn::ENTRIES,
         norm::ENTRIES,
         optim::ENTRIES,
