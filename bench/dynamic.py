@@ -6,9 +6,12 @@ by side in one run:
   lengths;
 - training: steps/s of a loop whose sequence length changes every step
   (8 to 128; the timed pass meets lengths the warm-up pass did not) with and
-  without buckets, vs one whose length stays at 64, all on tpu fused.
+  without buckets, vs one whose length stays at 64, all on tpu fused;
+- windows: a language-model tutorial's epochs (an LSTM trained on
+  `source[i:i+35]` at every i, the last window shorter), seconds per epoch
+  and compilations, tpu fused (with and without buckets) vs CPU eager.
 
-    python bench/dynamic.py
+    python bench/dynamic.py [generation|training|windows ...]
 
 Each tpu figure comes from a fresh process (the setting is read at start).
 """
@@ -103,6 +106,38 @@ def _training(lengths, later):
     return dict(new=new, steady=timed(later), compilations=torchtpu.metrics()["compilations"])
 
 
+def _windows(device, epochs=2):
+    """Seconds per epoch of the tutorial's loop, and compilations."""
+    import torch
+
+    if device == "tpu":
+        import torchtpu
+    torch.manual_seed(0)
+    tokens = torch.randint(0, 200, (1500, 8))
+
+    class LM(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed, self.rnn, self.head = torch.nn.Embedding(200, 64), torch.nn.LSTM(64, 128), torch.nn.Linear(128, 200)
+
+        def forward(self, x):
+            return self.head(self.rnn(self.embed(x))[0])
+
+    model = LM().to(device)
+    opt, data, seconds = torch.optim.SGD(model.parameters(), lr=0.5), tokens.to(device), []
+    for _ in range(epochs):
+        start = time.perf_counter()
+        for i in range(0, len(tokens) - 1, 35):
+            n = min(35, len(tokens) - 1 - i)
+            opt.zero_grad()
+            loss = torch.nn.functional.cross_entropy(model(data[i:i + n]).view(-1, 200), data[i + 1:i + 1 + n].reshape(-1))
+            loss.backward()
+            opt.step()
+            loss.item()
+        seconds.append(time.perf_counter() - start)
+    return dict(seconds=seconds, compilations=torchtpu.metrics()["compilations"] if device == "tpu" else 0)
+
+
 def _child(what, *args, dynamic="1"):
     env = dict(os.environ, TORCHTPU_DYNAMIC=dynamic, TORCHTPU_CACHE_DIR="")
     code = f"import sys, json; sys.path.insert(0, {os.path.dirname(__file__)!r}); import dynamic; " \
@@ -112,6 +147,26 @@ def _child(what, *args, dynamic="1"):
 
 
 def main():
+    parts = sys.argv[1:] or ["generation", "training", "windows"]
+    if "generation" in parts:
+        generation()
+    if "training" in parts:
+        training()
+    if "windows" in parts:
+        windows()
+
+
+def windows():
+    cpu = _windows("cpu")
+    print("windows (LSTM language model over source[i:i+35], 43 steps an epoch), seconds per epoch:")
+    print(f"  cpu eager                     {cpu['seconds'][0]:7.2f}  {cpu['seconds'][1]:7.2f}")
+    for name, dynamic in [("tpu fused, buckets", "1"), ("tpu fused, no buckets", "0")]:
+        r = _child("_windows", "tpu", dynamic=dynamic)
+        print(f"  {name:29s} {r['seconds'][0]:7.2f}  {r['seconds'][1]:7.2f}  ({r['compilations']} compilations; "
+              f"first epoch {r['seconds'][0] / cpu['seconds'][0]:.1f}x cpu's time, second {r['seconds'][1] / cpu['seconds'][1]:.2f}x)")
+
+
+def generation():
     print("generation (tiny Llama, greedy, after a warm-up call), tokens/s:")
     for tokens in (32, 128):
         cpu = _generation("cpu", tokens)
@@ -121,6 +176,9 @@ def main():
               f"  tpu/cpu {tpu['tokens_per_s'] / cpu['tokens_per_s']:.2f}x  ({same})")
     cpu, tpu = _per_op_us("cpu"), _child("_per_op_us", "tpu")
     print(f"  per op (a + b, f32[4, 8]): tpu fused recording {tpu:.2f} us, cpu eager {cpu:.2f} us ({tpu / cpu:.1f}x)")
+
+
+def training():
     changing = _child("_training", LENGTHS, LATER)
     unbucketed = _child("_training", LENGTHS, LATER, dynamic="0")
     fixed = _child("_training", [64] * len(LENGTHS), [64] * len(LATER))
