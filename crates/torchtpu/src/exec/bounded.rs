@@ -335,6 +335,12 @@ static FAMILIES: Mutex<Option<FxMap<u64, Family>>> = Mutex::new(None);
 /// every op a changing dimension reaches takes it dynamically. `padded` are
 /// the shapes of its parameters' buffers that are padded.
 pub fn generalize(g: &Graph, padded: &[Option<&[i64]>]) -> Option<Bucketed> {
+    generalize_with(g, padded, true)
+}
+
+/// `generalize`, its fits saved in (and read from) the persistent cache
+/// where `persist`.
+fn generalize_with(g: &Graph, padded: &[Option<&[i64]>], persist: bool) -> Option<Bucketed> {
     let scan = scan(g);
     let mut guard = FAMILIES.lock().unwrap();
     let families = guard.get_or_insert_with(FxMap::default);
@@ -342,7 +348,7 @@ pub fn generalize(g: &Graph, padded: &[Option<&[i64]>]) -> Option<Bucketed> {
         families.clear();
     }
     let family = families.entry(scan.key).or_insert_with(|| Family {
-        fit: cache::saved(fit_key(scan.key)).and_then(|b| Fit::from_bytes(&b)).map(Arc::new),
+        fit: persist.then(|| cache::saved(fit_key(scan.key))).flatten().and_then(|b| Fit::from_bytes(&b)).map(Arc::new),
         ..Family::default()
     });
     if !family.fit.as_ref().is_some_and(|f| f.holds(&scan.ints)) {
@@ -358,7 +364,9 @@ pub fn generalize(g: &Graph, padded: &[Option<&[i64]>]) -> Option<Bucketed> {
         // A fit that fails leaves the last one for the traces it holds.
         match fit(&family.samples) {
             Ok(f) => {
-                cache::save(fit_key(scan.key), &f.to_bytes());
+                if persist {
+                    cache::save(fit_key(scan.key), &f.to_bytes());
+                }
                 family.fit = Some(Arc::new(f));
                 let padded = padded.iter().map(|p| p.map(<[i64]>::to_vec)).collect();
                 let seen = Seen { graph: g.clone(), slots: scan.slots.clone(), ints: scan.ints.clone(), padded };
@@ -382,8 +390,12 @@ pub fn generalize(g: &Graph, padded: &[Option<&[i64]>]) -> Option<Bucketed> {
 /// dimension (a slice's offset, a constant): static shapes, the moving
 /// values computed from the sizes passed after its parameters. What a
 /// per-op program (strict, debug) takes, whose outputs cannot be padded.
+/// Its fits are not saved: a later run of a script meets its plans in the
+/// same order, fits them at the same points and so finds every program its
+/// first run compiled (a saved fit would generalize plans that run compiled
+/// as they were, or with an earlier fit).
 pub fn moving(g: &Graph) -> Option<Bucketed> {
-    let b = generalize(g, &vec![None; g.params.len()])?;
+    let b = generalize_with(g, &vec![None; g.params.len()], false)?;
     let fixed = b.graph.nodes.iter().all(|n| n.ty.dynamic == 0) && b.graph.params.iter().all(|t| t.dynamic == 0);
     (fixed && b.padded.iter().all(Option::is_none)).then_some(b)
 }
