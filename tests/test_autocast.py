@@ -41,3 +41,29 @@ def test_autocast_off_outside_the_context(mode):
     with torch.autocast(device_type="tpu", dtype=torch.bfloat16):
         assert (a @ a).dtype == torch.bfloat16
     assert (a @ a).dtype == torch.float32
+
+
+def test_amp_module_of_the_device():
+    """`torch.tpu.amp`, as older code writes `torch.cuda.amp`."""
+    layer = torch.nn.Linear(4, 4).to("tpu")
+    x = torch.randn(2, 4, device="tpu")
+    with torch.tpu.amp.autocast():
+        assert layer(x).dtype == torch.bfloat16
+    with torch.tpu.amp.autocast(dtype=torch.float16):
+        assert layer(x).dtype == torch.float16
+    with torch.tpu.amp.autocast(enabled=False):
+        assert layer(x).dtype == torch.float32
+
+    @torch.tpu.amp.custom_fwd(cast_inputs=torch.float32)
+    def dtype_inside(t):
+        return t.dtype
+
+    with torch.tpu.amp.autocast():
+        assert dtype_inside(x.bfloat16()) == torch.float32
+    scaler = torch.tpu.amp.GradScaler(init_scale=8.0)
+    assert (scaler._device, scaler.get_scale()) == ("tpu", 8.0)
+    scaler.scale(layer(x).sum()).backward()
+    optimizer = torch.optim.SGD(layer.parameters(), lr=0.1)
+    scaler.step(optimizer)
+    scaler.update()
+    assert scaler.get_scale() == 8.0

@@ -2,6 +2,7 @@
 samples against the distribution's own), dtypes, seeding, explicit
 generators, and seeds as runtime inputs (no recompilation)."""
 import math
+import os
 import re
 
 import pytest
@@ -213,3 +214,27 @@ def test_new_seed_does_not_recompile(mode):
     assert torchtpu.metrics()["compilations"] == compilations
     for a, b in zip(first, second):
         assert not torch.equal(a, b)
+
+
+def test_seeding_starts_no_runtime():
+    """As CUDA defers seeds until its initialisation, seeds set before the
+    generators exist wait for them: `torch.manual_seed` before
+    `init_process_group` (which must start the runtime on GPUs) or before a
+    launcher picks the CPU plugin's device count."""
+    import subprocess
+    import sys
+
+    program = """
+import torch
+torch.tpu.manual_seed_all(1)
+torch.tpu.manual_seed(2)  # the current device only, after the seed of all
+assert not torch.tpu.is_initialized()
+assert [torch.tpu.initial_seed(), torch.tpu._generator(1).initial_seed()] == [2, 1]
+torch.manual_seed(3)
+a = torch.rand(4, device="tpu:1").cpu()
+torch.manual_seed(3)
+assert torch.equal(a, torch.rand(4, device="tpu:1").cpu())
+"""
+    env = {**os.environ, "TORCHTPU_DEVICE_COUNT": "2"}
+    done = subprocess.run([sys.executable, "-c", program], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]

@@ -162,6 +162,11 @@ def _register_distributed_backends():
 if torch.distributed.is_available():
     _register_distributed_backends()
 
+# Accelerate, transformers' Trainer, Lightning: tpu where they name CUDA.
+from . import integrations  # noqa: E402
+
+integrations.install()
+
 if "TORCHTPU_MODE" in os.environ:
     set_mode(os.environ["TORCHTPU_MODE"])
 

@@ -82,6 +82,17 @@ def client_options(path, is_cpu):
     }
 
 
+def make_cpu_devices(n):
+    """On the CPU plugin, before the device's first use, at least `n` devices
+    here and in the processes this one starts (TORCHTPU_DEVICE_COUNT): for a
+    launcher that asks for devices before it starts its processes. Another
+    plugin has the devices the machine has."""
+    path, is_cpu = find_plugin()
+    if is_cpu and not _C.is_initialized() and n > client_options(path, is_cpu)["cpu_device_count"]:
+        os.environ["TORCHTPU_DEVICE_COUNT"] = str(n)
+        _C.configure(path, client_options(path, is_cpu))
+
+
 def configure_plugin():
     path, is_cpu = find_plugin()
     if path is None:

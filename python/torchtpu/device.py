@@ -2,6 +2,7 @@
 import torch
 
 from . import _C
+from . import amp  # noqa: F401  (torch.tpu.amp)
 
 _initialized = False
 
@@ -75,13 +76,30 @@ def _generator(device=None):
     return _C.default_generator(index)
 
 
+_ALL, _CURRENT = -1, -2  # devices of _C.seed_when_made
+
+
+def _seed_value(seed) -> int:
+    """`seed` as torch.Generator.manual_seed takes it: negative ones wrap."""
+    seed = int(seed)
+    if not -(2**63) <= seed < 2**64:
+        raise ValueError("Overflow when unpacking long long")
+    return seed % 2**64
+
+
 def manual_seed(seed: int) -> None:
-    _generator().manual_seed(int(seed))
+    # Before the generators are made, kept for them: seeding (torch.manual_seed)
+    # starts no runtime, as on CUDA.
+    seed = _seed_value(seed)
+    if not _C.seed_when_made(_CURRENT, seed):
+        _generator().manual_seed(seed)
 
 
 def manual_seed_all(seed: int) -> None:
-    for i in range(device_count()):
-        _generator(i).manual_seed(int(seed))
+    seed = _seed_value(seed)
+    if not _C.seed_when_made(_ALL, seed):
+        for i in range(device_count()):
+            _generator(i).manual_seed(seed)
 
 
 def seed() -> None:
@@ -103,6 +121,15 @@ def get_rng_state(device="tpu") -> torch.Tensor:
 
 def set_rng_state(new_state: torch.Tensor, device="tpu") -> None:
     _generator(device).set_state(new_state)
+
+
+def get_rng_state_all() -> list[torch.Tensor]:
+    return [get_rng_state(i) for i in range(device_count())]
+
+
+def set_rng_state_all(new_states) -> None:
+    for i, state in enumerate(new_states):
+        set_rng_state(state, i)
 
 
 # ---------------------------------------------------------------- properties

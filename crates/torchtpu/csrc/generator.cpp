@@ -6,7 +6,9 @@
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/Generator.h>
 
+#include <map>
 #include <mutex>
+#include <optional>
 #include <vector>
 
 namespace torchtpu {
@@ -21,15 +23,34 @@ struct Generator : at::CPUGeneratorImpl {
   }
 };
 
+// Seeds set before the default generators exist: making them needs the
+// device count, which starts the runtime, and seeding must not (a
+// distributed group must start it first on GPUs; a launcher picks the CPU
+// plugin's device count after `seed_everything`). As CUDA defers seeds until
+// its initialisation, they are applied when the generators are made.
+std::mutex deferred_mutex;
+bool generators_made = false;
+std::optional<uint64_t> deferred_all;
+std::map<c10::DeviceIndex, uint64_t> deferred_one;
+
 }  // namespace
 
 const at::Generator& default_generator(c10::DeviceIndex index) {
   static std::vector<at::Generator> generators = [] {
     std::vector<at::Generator> gens;
+    std::lock_guard<std::mutex> lock(deferred_mutex);
     for (c10::DeviceIndex i = 0; i < std::max<c10::DeviceIndex>(device_count(), 1); ++i) {
       gens.push_back(at::make_generator<Generator>(i));
-      gens.back().seed();
+      auto one = deferred_one.find(i);
+      if (one != deferred_one.end()) {
+        gens.back().set_current_seed(one->second);
+      } else if (deferred_all) {
+        gens.back().set_current_seed(*deferred_all);
+      } else {
+        gens.back().seed();
+      }
     }
+    generators_made = true;
     return gens;
   }();
   if (index < 0) index = current_device;
@@ -55,6 +76,22 @@ uint64_t draw_seed(const std::optional<at::Generator>& gen, c10::DeviceIndex dev
 
 extern "C" uint64_t tt_adapter_default_seed(int32_t device) {
   return torchtpu::draw_seed(std::nullopt, static_cast<c10::DeviceIndex>(device));
+}
+
+// Keeps `seed` for tpu:`device` (-1: every device; -2: this thread's
+// current one, read without starting the runtime) until the default
+// generators are made; false if they already are.
+extern "C" bool tt_seed_when_made(int32_t device, uint64_t seed) {
+  std::lock_guard<std::mutex> lock(torchtpu::deferred_mutex);
+  if (torchtpu::generators_made) return false;
+  if (device == -2) device = torchtpu::current_device;
+  if (device < 0) {
+    torchtpu::deferred_all = seed;
+    torchtpu::deferred_one.clear();
+  } else {
+    torchtpu::deferred_one[static_cast<c10::DeviceIndex>(device)] = seed;
+  }
+  return true;
 }
 
 // tpu:`device`'s default generator as a torch.Generator (a new reference),

@@ -253,6 +253,15 @@ extern "C" {
     fn tt_kernel_table_put(table: i64, args: *mut std::ffi::c_void, kernel: i64);
     fn tt_kernel_table_call(table: i64, args: *mut std::ffi::c_void) -> *mut std::ffi::c_void;
     fn tt_default_generator(device: i32) -> *mut std::ffi::c_void;
+    fn tt_seed_when_made(device: i32, seed: u64) -> bool;
+}
+
+/// Keeps `seed` for tpu:`device` (-1: all; -2: the current one) until the
+/// default generators are made, without starting the runtime; false if they are.
+#[pyfunction]
+fn seed_when_made(device: i32, seed: u64) -> bool {
+    // SAFETY: plain values; the adapter locks its own state.
+    unsafe { tt_seed_when_made(device, seed) }
 }
 
 /// tpu:`device`'s default generator, a torch.Generator (csrc/generator.cpp).
@@ -362,6 +371,7 @@ fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(kernel_table_put, m)?)?;
     m.add_function(wrap_pyfunction!(kernel_call, m)?)?;
     m.add_function(wrap_pyfunction!(default_generator, m)?)?;
+    m.add_function(wrap_pyfunction!(seed_when_made, m)?)?;
     m.add_function(wrap_pyfunction!(cache_export, m)?)?;
     m.add_function(wrap_pyfunction!(cache_import, m)?)?;
     m.add_function(wrap_pyfunction!(settle, m)?)?;
