@@ -252,6 +252,8 @@ def ddp_rank0_logs():
 
         losses, model = _train_sharded(wrap, kind, steps, log_on_rank0=True, micro=2)
         _check_training(losses, model.module.parameters(), kind, steps, "DDP", micro=2)
+        # DDP's logger timed the iterations with the tpu timer (host timestamps).
+        assert model._get_ddp_logging_data()["avg_forward_compute_time"] > 0
     dist.destroy_process_group()
 
 

@@ -36,6 +36,7 @@ fn main() {
         "csrc/allocator.cpp",
         "csrc/autocast.cpp",
         "csrc/collective.cpp",
+        "csrc/ddp_timer.cpp",
         "csrc/device.cpp",
         "csrc/dispatch.cpp",
         "csrc/generator.cpp",

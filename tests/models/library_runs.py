@@ -147,4 +147,9 @@ def lightning_fit(accelerator, devices=1, precision="32-true", checkpoint_dir=No
 
 if __name__ == "__main__":
     run, arguments = sys.argv[1], json.loads(sys.argv[2]) if len(sys.argv) > 2 else {}
-    print(RESULT + json.dumps(globals()[run](**arguments)), flush=True)
+    line = (RESULT + json.dumps(globals()[run](**arguments)) + "\n").encode()
+    # One write of less than a pipe's atomic size: the lines of the processes
+    # sharing the launcher's stdout do not interleave.
+    assert len(line) < 4096
+    sys.stdout.flush()
+    os.write(sys.stdout.fileno(), line)
