@@ -471,7 +471,7 @@ def backend_programs():
 def runtime_group():
     """Each process's runtime joins the group through its store (`_C.join`,
     what the default group's creation calls). Rank 0's client is made for the
-    group, as on GPUs (XLA:CPU ignores it), and a group made again finds it;
+    group, as on GPUs (without the options XLA:CPU refuses), and a group made again finds it;
     rank 1 used the device first, so that such a join is refused. A process
     on another platform and a missing one are clear errors."""
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Regenerates src/sys.rs from the pjrt_c_api.h shipped inside the pinned
-# xla-cpu-pjrt wheel. Run only when that pin is bumped, then review the diff
-# and the minimum API version checked in src/api.rs.
+# Regenerates src/sys.rs from a pjrt_c_api.h: the one shipped inside the
+# xla-cpu-pjrt wheel (the default below, where installed), or XLA's
+# xla/pjrt/c/pjrt_c_api.h of a newer plugin's version given as the argument.
+# Run only to reach a newer C API, then review the diff and the minimum API
+# version checked in src/api.rs.
 # Needs bindgen (Debian: `apt-get install bindgen libclang-dev`).
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"

@@ -2,7 +2,8 @@
 
 TORCHTPU_PJRT_PLUGIN=/path/to/plugin.so wins; otherwise libtpu if installed
 (a TPU VM), then XLA's CUDA plugin as JAX ships it (jax-cuda13-pjrt or
-jax-cuda12-pjrt, on an NVIDIA GPU machine), otherwise the xla-cpu-pjrt CPU plugin.
+jax-cuda12-pjrt, on an NVIDIA GPU machine), otherwise XLA's own CPU plugin
+(built from the XLA of jaxlib 0.11.2, packaged as lammps-jax-pjrt-cpu).
 """
 import importlib.util
 import os
@@ -35,7 +36,7 @@ def find_plugin():
         path = _package_file(f"jax_plugins.{cuda}", "xla_cuda_plugin.so")
         if path:
             return path, False
-    cpu = _package_file("xla_plugins.xla_cpu_pjrt", "xla_cpu_pjrt.so")
+    cpu = _package_file("lammps_jax_pjrt_cpu", "pjrt_c_api_cpu_plugin.so")
     return cpu, cpu is not None
 
 

@@ -1,9 +1,9 @@
 //! Safe wrapper of the PJRT C API, the plugin interface through which XLA drives
 //! CPUs, GPUs and TPUs.
 //!
-//! The raw bindings ([`sys`]) are generated once from the `pjrt_c_api.h` shipped in the
-//! pinned `xla-cpu-pjrt` wheel (see `regen-bindings.sh`); [`load_plugin`] checks at run
-//! time that a plugin is at least that version.
+//! The raw bindings ([`sys`]) were generated once from the `pjrt_c_api.h` shipped in the
+//! `xla-cpu-pjrt` 0.0.1 wheel (see `regen-bindings.sh`); [`load_plugin`] checks at run
+//! time that a plugin is at least that version (newer plugins keep the C API compatible).
 //!
 //! Lifetimes: buffers and executables keep their client alive, so they may be dropped
 //! in any order; a [`Device`] borrows its [`Client`].
@@ -12,7 +12,7 @@
 //! # fn main() -> pjrt::Result<()> {
 //! use pjrt::{Client, ElementType, NamedValue};
 //!
-//! let api = pjrt::load_plugin("xla_cpu_pjrt.so".as_ref())?;
+//! let api = pjrt::load_plugin("pjrt_c_api_cpu_plugin.so".as_ref())?;
 //! let client = Client::new(api, &[("cpu_device_count", NamedValue::Int64(1))])?;
 //! let device = client.addressable_devices()[0];
 //! let exe = client.compile(

@@ -13,12 +13,12 @@ pub fn plugin_path() -> PathBuf {
         .flatten()
         .flatten()
         .filter(|entry| entry.file_name().to_string_lossy().starts_with("python3."))
-        .map(|entry| entry.path().join("site-packages/xla_plugins/xla_cpu_pjrt/xla_cpu_pjrt.so"))
+        .map(|entry| entry.path().join("site-packages/lammps_jax_pjrt_cpu/pjrt_c_api_cpu_plugin.so"))
         .find(|path| path.exists())
         .unwrap_or_else(|| {
             panic!(
-                "no xla_cpu_pjrt.so under {}/python3.*/site-packages: install the \
-                 xla-cpu-pjrt wheel into the workspace .venv or set TORCHTPU_PJRT_PLUGIN",
+                "no lammps_jax_pjrt_cpu/pjrt_c_api_cpu_plugin.so under {}/python3.*/site-packages: \
+                 install the lammps-jax-pjrt-cpu wheel into the workspace .venv or set TORCHTPU_PJRT_PLUGIN",
                 lib.display()
             )
         })

@@ -70,7 +70,7 @@ pub static ENTRIES: &[Entry] = &[
     // care for the ranges where the textbook formulas lose precision.
     op("asin", |cx| float_unary(cx, "chlo.asin")),
     op("acos", |cx| float_unary(cx, "chlo.acos")),
-    op("atan", |cx| float_unary(cx, "chlo.atan")),
+    op("atan", atan),
     op("sinh", |cx| float_unary(cx, "chlo.sinh")),
     op("cosh", |cx| float_unary(cx, "chlo.cosh")),
     op("asinh", |cx| float_unary(cx, "chlo.asinh")),
@@ -523,34 +523,49 @@ fn same_unary(cx: &mut Cx, name: &'static str, bool_error: Error) -> Result<Vec<
 }
 
 /// Unary math: integer inputs produce the default float dtype.
-pub fn float_unary(cx: &mut Cx, name: &'static str) -> Result<Vec<V>> {
+/// `self` at its op-math type, and the result's dtype: integers and bools
+/// compute in the default float, as CPU's float functions do.
+fn float_operand(cx: &mut Cx) -> Result<(V, DType)> {
     let t = cx.meta("self")?;
     let dtype = if t.dtype.is_float() { t.dtype } else { DEFAULT_FLOAT };
     let x = cx.tensor("self")?;
-    let x = cx.g.convert(x, opmath(dtype));
+    Ok((cx.g.convert(x, opmath(dtype)), dtype))
+}
+
+pub fn float_unary(cx: &mut Cx, name: &'static str) -> Result<Vec<V>> {
+    let (x, dtype) = float_operand(cx)?;
     let r = cx.g.unary(name, x);
     finish(cx, r, dtype)
 }
 
 fn log_base(cx: &mut Cx, ln_base: f64) -> Result<Vec<V>> {
-    let t = cx.meta("self")?;
-    let dtype = if t.dtype.is_float() { t.dtype } else { DEFAULT_FLOAT };
-    let x = cx.tensor("self")?;
-    let x = cx.g.convert(x, opmath(dtype));
+    let (x, dtype) = float_operand(cx)?;
     let l = cx.g.unary("stablehlo.log", x);
-    let ty = cx.g.ty(l).clone();
-    let c = cx.g.full(ln_base, ty.dtype, &ty.shape);
+    let c = full_like(cx, ln_base, l);
     let r = cx.g.binary("stablehlo.divide", l, c);
     finish(cx, r, dtype)
 }
 
 fn reciprocal(cx: &mut Cx) -> Result<Vec<V>> {
-    let t = cx.meta("self")?;
-    let dtype = if t.dtype.is_float() { t.dtype } else { DEFAULT_FLOAT };
-    let x = cx.tensor("self")?;
-    let x = cx.g.convert(x, opmath(dtype));
-    let one = cx.g.full(1.0, opmath(dtype), t.sizes);
+    let (x, dtype) = float_operand(cx)?;
+    let one = full_like(cx, 1.0, x);
     let r = cx.g.binary("stablehlo.divide", one, x);
+    finish(cx, r, dtype)
+}
+
+/// atan(x) as atan2(x, y) with y = |sign(x)|·0 + 1, which is 1 for every x
+/// (NaN for NaN, as atan's) but no constant: the XLA:CPU of jaxlib 0.11.2
+/// turns `chlo.atan`, and atan2 of a constant 1, into code whose vector
+/// lanes past the first four return x.
+fn atan(cx: &mut Cx) -> Result<Vec<V>> {
+    let (x, dtype) = float_operand(cx)?;
+    let sign = cx.g.unary("stablehlo.sign", x);
+    let magnitude = cx.g.unary("stablehlo.abs", sign);
+    let zero = full_like(cx, 0.0, x);
+    let one = full_like(cx, 1.0, x);
+    let nothing = cx.g.binary("stablehlo.multiply", magnitude, zero);
+    let y = cx.g.binary("stablehlo.add", nothing, one);
+    let r = cx.g.binary("stablehlo.atan2", x, y);
     finish(cx, r, dtype)
 }
 

@@ -113,11 +113,11 @@ pub fn join(group: Group, timeout: Duration) -> Result<Vec<i64>> {
 fn start() -> std::result::Result<Runtime, String> {
     let config = CONFIG.lock().unwrap();
     let plugin = config.plugin.clone().ok_or_else(|| {
-        "torchtpu: no PJRT plugin configured; import torchtpu (it finds the xla-cpu-pjrt plugin) \
+        "torchtpu: no PJRT plugin configured; import torchtpu (it finds the CPU plugin of lammps-jax-pjrt-cpu) \
          or set TORCHTPU_PJRT_PLUGIN=/path/to/plugin.so"
             .to_string()
     })?;
-    let hint = "Install the pinned plugin (pip install xla-cpu-pjrt==0.0.1) or point \
+    let hint = "Install the pinned plugin (pip install lammps-jax-pjrt-cpu==0.11.2) or point \
                 TORCHTPU_PJRT_PLUGIN at a PJRT plugin .so";
     let api = pjrt::load_plugin(&plugin).map_err(|e| format!("torchtpu: {e}. {hint}"))?;
     let mut options: Vec<(&str, pjrt::NamedValue)> =
@@ -125,11 +125,15 @@ fn start() -> std::result::Result<Runtime, String> {
     let client = match &config.group {
         None => pjrt::Client::new(api, &options),
         Some(group) => {
-            options.extend([
-                ("node_id", pjrt::NamedValue::Int64(group.node_id)),
-                ("num_nodes", pjrt::NamedValue::Int64(group.num_nodes)),
-                ("visible_devices", pjrt::NamedValue::Int64List(vec![group.local_device])),
-            ]);
+            // XLA:CPU's client (sized by cpu_device_count) runs each process
+            // alone and refuses the group's options.
+            if !options.iter().any(|(name, _)| *name == "cpu_device_count") {
+                options.extend([
+                    ("node_id", pjrt::NamedValue::Int64(group.node_id)),
+                    ("num_nodes", pjrt::NamedValue::Int64(group.num_nodes)),
+                    ("visible_devices", pjrt::NamedValue::Int64List(vec![group.local_device])),
+                ]);
+            }
             pjrt::Client::with_store(api, &options, group.store.clone())
         }
     }
