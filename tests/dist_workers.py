@@ -310,6 +310,7 @@ def dtensor():
     _same((da @ db).full_tensor(), a @ b, "sharded matmul", rtol=1e-5, atol=1e-5)
     _same(da.redistribute(mesh, [Replicate()]).to_local(), a, "redistribute")
     _same(distribute_tensor(b, mesh, [Shard(1)]).full_tensor(), b, "full_tensor")
+    _dtensor_random(mesh)
     torch.manual_seed(0)
     mlp = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 8))
     ref = copy.deepcopy(mlp)
@@ -323,6 +324,34 @@ def dtensor():
     for p, r in zip(tp.parameters(), ref.parameters()):
         _same(p.grad.full_tensor(), r.grad, "tensor-parallel gradient", rtol=1e-5, atol=1e-5)
     dist.destroy_process_group()
+
+
+def _dtensor_random(mesh):
+    """Random ops on DTensors (model initialisation on the device): each
+    shard draws its own stream, a replicated tensor draws the same values on
+    every rank, the generators end in step, and a seed repeats it all."""
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    def draw():
+        torch.manual_seed(1)
+        sharded = distribute_tensor(torch.empty(8, 6), mesh, [Shard(0)]).normal_()
+        replicated = distribute_tensor(torch.empty(8, 6), mesh, [Replicate()]).uniform_()
+        return sharded.full_tensor().cpu(), replicated.to_local().cpu()
+
+    def gathered(t):
+        parts = [torch.empty_like(t) for _ in range(dist.get_world_size())]
+        dist.all_gather_object(parts, t)
+        return parts
+
+    full, replicated = draw()
+    rows = full.shape[0] // dist.get_world_size()
+    assert not torch.equal(full[:rows], full[rows:2 * rows]), "two shards drew the same values"
+    assert abs(full.mean().item()) < 0.6 and 0.5 < full.std().item() < 1.5, full
+    assert all(torch.equal(r, replicated) for r in gathered(replicated)), "replicas drew differently"
+    state = torch.tpu.get_rng_state()
+    assert state.numel() == 16 and all(torch.equal(s, state) for s in gathered(state))
+    again, _ = draw()
+    assert torch.equal(full, again)
 
 
 def mismatch():

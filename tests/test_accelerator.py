@@ -188,3 +188,25 @@ def test_precision_probes():
     assert torch.bfloat16 in module.get_amp_supported_dtype()
     with torch.autocast("tpu"):
         assert (torch.ones(2, 2, device="tpu") @ torch.ones(2, 2, device="tpu")).dtype == torch.bfloat16
+
+
+def test_what_torchtitan_asks_of_the_device():
+    """TorchTitan picks its device with `torch._utils`' accelerator probe, its
+    backend from c10d's map, and calls these on the device's module (the full
+    runs: `make titan`, tests/titan)."""
+    import torch.distributed as dist
+    from torch._utils import _get_available_device_type, _get_device_module
+
+    assert _get_available_device_type() == "tpu"
+    module = _get_device_module("tpu")
+    assert module is torch.tpu and dist.Backend.default_device_backend_map["tpu"]
+    module.set_device(module.current_device())
+    assert module.device_count() >= 1 and module.get_device_name(torch.device("tpu", 0))
+    assert module.get_device_properties(torch.device("tpu", 0)).total_memory > 0
+    module.reset_peak_memory_stats()
+    module.empty_cache()
+    torch.ones(1024, device="tpu").sum().item()
+    stats = module.memory_stats(torch.device("tpu", 0))
+    assert stats["active_bytes.all.peak"] > 0 and "reserved_bytes.all.peak" in stats
+    assert stats["num_alloc_retries"] == 0 and stats["num_ooms"] == 0
+    module.synchronize()

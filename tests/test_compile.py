@@ -52,8 +52,14 @@ def test_compiled_training_matches_cpu(workload, mode):
     with torchtpu.mode(mode):
         tpu = train(workload, "tpu", steps, lr, compile=True, on_step=keep("tpu"), **options)
     torch.testing.assert_close(torch.tensor(tpu), torch.tensor(cpu), rtol=1e-4, atol=0)
+    # A ReLU whose input is within float32 rounding of zero (-6e-8 on CPU,
+    # +4e-8 on XLA:CPU, met at the MLP's third step) passes one gradient
+    # that CPU's does not, and AdamW, which normalises each update, moves
+    # those weights by up to a learning rate: the MLP's parameters agree to
+    # two of them. The smooth workloads agree to 1e-5.
+    atol = 2 * lr if workload == "mlp" else 1e-5
     for name, value in kept["cpu"].items():
-        torch.testing.assert_close(kept["tpu"][name], value, rtol=1e-4, atol=1e-5, msg=name)
+        torch.testing.assert_close(kept["tpu"][name], value, rtol=1e-4, atol=atol, msg=name)
     m = compiled_metrics()
     assert m["eager_graphs"] == {}
     # forward, backward, optimizer step (SGD's first step, which creates its

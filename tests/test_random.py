@@ -205,6 +205,26 @@ def test_generator_streams(mode):
     assert torch.equal(x, y)
 
 
+def test_generator_state_is_seed_and_offset(mode):
+    """CUDA's layout: 16 bytes, seed then offset; each draw moves the offset,
+    a seed resets it, and an op drawn at a given offset repeats its values
+    (DTensor moves the offset per shard through exactly this state)."""
+    g = torch.Generator(device="tpu").manual_seed(11)
+    assert g.get_offset() == 0
+    first = torch.rand(100, device="tpu", generator=g).cpu()
+    assert g.get_offset() > 0
+    state = g.get_state()
+    assert state.dtype == torch.uint8 and state.numel() == 16
+    assert state[:8].view(torch.int64).item() == 11 and state[8:].view(torch.int64).item() == g.get_offset()
+    second = torch.rand(100, device="tpu", generator=g).cpu()
+    g.set_state(state)
+    assert torch.equal(torch.rand(100, device="tpu", generator=g).cpu(), second)
+    g.set_offset(0)
+    assert torch.equal(torch.rand(100, device="tpu", generator=g).cpu(), first)
+    with pytest.raises(RuntimeError, match="16 bytes"):
+        g.set_state(torch.zeros(5056, dtype=torch.uint8))
+
+
 def test_new_seed_does_not_recompile(mode):
     torch.manual_seed(1)
     first = draws()

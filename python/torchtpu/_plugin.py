@@ -98,6 +98,10 @@ def configure_plugin():
     path, is_cpu = find_plugin()
     if path is None:
         return  # every tpu operation will say how to install a plugin
+    # XLA logs at INFO to stderr until absl is initialised, which no plugin
+    # host does (the CPU plugin's "cpu_device_count set via create_options"
+    # at every start); warnings and errors still show.
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
     if is_cpu:
         # XLA:CPU's XNNPACK dot packs a right-hand side that is a program
         # parameter once and reuses the packed copy while the buffer's address

@@ -1,11 +1,13 @@
 // The tpu generators: where ops draw their 64-bit seeds.
 #include "adapter.h"
 
-#include <ATen/CPUGeneratorImpl.h>
 #include <ATen/core/GeneratorForPrivateuseone.h>
+#include <ATen/core/PhiloxRNGEngine.h>
+#include <ATen/ops/empty.h>
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/Generator.h>
 
+#include <cstring>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -14,13 +16,69 @@
 namespace torchtpu {
 namespace {
 
-// A CPU-style generator (mt19937 state, seed, get/set_state) tagged with the
-// tpu device: ops draw 64-bit seeds from it and XLA expands them on device.
-struct Generator : at::CPUGeneratorImpl {
-  explicit Generator(c10::DeviceIndex index) {
-    device_ = c10::Device(c10::DeviceType::PrivateUse1, index);
-    key_set_ = c10::DispatchKeySet(c10::DispatchKey::PrivateUse1);
+// A counter-based generator, as CUDA's: its state is a seed and an offset
+// (16 bytes, CUDA's layout), and each op draws Philox's output for the
+// current offset (its subsequence), then moves the offset on. DTensor gives
+// each shard of a random op its own stream by moving the offset of exactly
+// this layout (`_PhiloxState`), and restores it after, as on CUDA.
+struct Generator : c10::GeneratorImpl {
+  explicit Generator(c10::DeviceIndex index, uint64_t seed = c10::default_rng_seed_val)
+      : c10::GeneratorImpl(c10::Device(c10::DeviceType::PrivateUse1, index),
+                           c10::DispatchKeySet(c10::DispatchKey::PrivateUse1)),
+        seed_(seed) {}
+
+  void set_current_seed(uint64_t seed) override {
+    seed_ = seed;
+    offset_ = 0;
   }
+  uint64_t current_seed() const override { return seed_; }
+  void set_offset(uint64_t offset) override { offset_ = offset; }
+  uint64_t get_offset() const override { return offset_; }
+  uint64_t seed() override {
+    set_current_seed(c10::detail::getNonDeterministicRandom());
+    return seed_;
+  }
+
+  c10::intrusive_ptr<c10::TensorImpl> get_state() const override {
+    auto state = at::empty({kStateSize}, at::TensorOptions().dtype(at::kByte));
+    auto offset = static_cast<int64_t>(offset_);
+    std::memcpy(state.data_ptr<uint8_t>(), &seed_, sizeof seed_);
+    std::memcpy(state.data_ptr<uint8_t>() + sizeof seed_, &offset, sizeof offset);
+    return state.getIntrusivePtr();
+  }
+  void set_state(const c10::TensorImpl& state) override {
+    TORCH_CHECK(state.dtype() == at::kByte && state.numel() == kStateSize && state.is_contiguous() &&
+                    state.device().is_cpu(),
+                "RNG state must be a contiguous CPU torch.ByteTensor of ", kStateSize,
+                " bytes (seed, offset), got ", state.numel());
+    const auto* bytes = static_cast<const uint8_t*>(state.data());
+    int64_t offset = 0;
+    std::memcpy(&seed_, bytes, sizeof seed_);
+    std::memcpy(&offset, bytes + sizeof seed_, sizeof offset);
+    offset_ = static_cast<uint64_t>(offset);
+  }
+
+  // The next op's 64-bit key (XLA expands it on the device).
+  uint64_t next_key() {
+    at::Philox4_32 philox(seed_, offset_);
+    offset_ += kOffsetPerDraw;
+    uint64_t high = philox();
+    return (high << 32) | philox();
+  }
+
+ private:
+  static constexpr int64_t kStateSize = 16;
+  // CUDA moves its offset in multiples of 4 (one Philox block per thread).
+  static constexpr uint64_t kOffsetPerDraw = 4;
+
+  Generator* clone_impl() const override {
+    auto* copy = new Generator(device_.index(), seed_);
+    copy->offset_ = offset_;
+    return copy;
+  }
+
+  uint64_t seed_;
+  uint64_t offset_ = 0;
 };
 
 // Seeds set before the default generators exist: making them needs the
@@ -67,9 +125,8 @@ uint64_t draw_seed(const std::optional<at::Generator>& gen, c10::DeviceIndex dev
   TORCH_CHECK(generator.device().type() == c10::DeviceType::PrivateUse1,
               "Expected a 'tpu' device type for generator but found '",
               generator.device().type(), "'");
-  auto* impl = generator.get<Generator>();
   std::lock_guard<std::mutex> lock(generator.mutex());
-  return impl->random64();
+  return generator.get<Generator>()->next_key();
 }
 
 }  // namespace torchtpu

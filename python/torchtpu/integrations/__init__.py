@@ -1,6 +1,6 @@
-"""What torchtpu tells the training libraries that name their devices one by
-one (Hugging Face Accelerate and Trainer, Lightning), so that they treat tpu
-as they treat CUDA.
+"""What torchtpu tells the libraries that name their devices one by one
+(Hugging Face Accelerate and Trainer, Lightning, PyTorch's FlexAttention), so
+that they treat tpu as they treat CUDA.
 
 Each integration is a set of small wrappers around the library's functions,
 applied in memory when the library's module is imported (at once if it
@@ -127,9 +127,9 @@ class _Finder(importlib.abc.MetaPathFinder):
 def install():
     """Applies every integration: now to the libraries already imported, at
     import to the others."""
-    from . import accelerate, lightning, transformers
+    from . import accelerate, flex_attention, lightning, transformers
 
     if not any(isinstance(finder, _Finder) for finder in sys.meta_path):
         sys.meta_path.insert(0, _Finder())
-    for integration in (accelerate, transformers, lightning):
+    for integration in (accelerate, transformers, lightning, flex_attention):
         integration.install()
