@@ -19,6 +19,8 @@ pub struct Metrics {
     pub disk_corrupt: AtomicU64,
     pub fused_hits: AtomicU64,
     pub fused_misses: AtomicU64,
+    /// Fused flushes that replayed a step met before (`exec/trace.rs`).
+    pub replays: AtomicU64,
     /// Loaded executables dropped from memory (the cache's bound).
     pub programs_evicted: AtomicU64,
     /// Buffers donated to fused programs (updated in place).
@@ -93,6 +95,7 @@ impl Metrics {
             ("disk_cache_corrupt", get(&self.disk_corrupt)),
             ("fused_cache_hits", get(&self.fused_hits)),
             ("fused_cache_misses", get(&self.fused_misses)),
+            ("fused_replays", get(&self.replays)),
             ("programs_evicted", get(&self.programs_evicted)),
             ("donated_buffers", get(&self.donated)),
             ("transfers_to_device", get(&self.transfers_to_device)),
@@ -127,6 +130,7 @@ impl Metrics {
             &self.disk_corrupt,
             &self.fused_hits,
             &self.fused_misses,
+            &self.replays,
             &self.programs_evicted,
             &self.donated,
             &self.transfers_to_device,

@@ -198,6 +198,7 @@ pub fn end(outputs: &[Tensor]) -> Result<()> {
     let (Some(capture), Some(mut trace)) = (capture, trace) else {
         return Err(Error::runtime("torchtpu: no graph is being captured"));
     };
+    trace.graph(); // the recorded plans spliced: `node` reads their nodes
     let placeholder = |s: &Storage| capture.placeholders.iter().find(|p| std::ptr::eq(Arc::as_ptr(&p.storage), s));
     let mut roots: Vec<V> = Vec::new();
     let mut storages: Vec<(*const Storage, i64, Option<usize>)> = Vec::new();
@@ -253,12 +254,12 @@ pub fn end(outputs: &[Tensor]) -> Result<()> {
         writes.push((p.arg, roots.len()));
         roots.push(node(&mut trace, &value)?);
     }
-    let checks = trace.checks.iter().flat_map(|c| std::iter::once(c.flag).chain(c.value));
-    let (mut g, params, map) = trace::prune(&trace.graph, roots.iter().copied().chain(checks));
+    let checks: Vec<V> = trace.check_nodes().collect();
+    let (mut g, params, map) = trace::prune(trace.graph(), roots.iter().copied().chain(checks));
     g.outputs = roots.iter().map(|&v| map[v]).collect();
     let outputs = g.outputs.iter().map(|&v| g.ty(v).clone()).collect();
     let mut plan_checks = Vec::new();
-    for c in &trace.checks {
+    for c in trace.checks() {
         g.outputs.push(map[c.flag]);
         let flag = g.outputs.len() - 1;
         let value = c.value.map(|v| {
@@ -271,7 +272,7 @@ pub fn end(outputs: &[Tensor]) -> Result<()> {
     let inputs = params
         .iter()
         .map(|&n| match &trace.params[n] {
-            Param::Input(input) => input.clone(),
+            Param::Input(input, _) => input.clone(),
             Param::Buffer(b) => {
                 constants.push(b.clone());
                 Input::Constant(constants.len() - 1)
@@ -305,13 +306,10 @@ pub fn step_end() -> Result<()> {
 fn node(trace: &mut Trace, value: &Value) -> Result<V> {
     if let Value::Pending(p) = value {
         if p.epoch == trace.epoch {
-            return Ok(p.node);
+            return Ok(trace.node(p));
         }
     }
-    let buf = exec::resolve(value, trace::Reason::Capture)?;
-    let v = trace.graph.param(buf.ty.clone());
-    trace.params.push(Param::Buffer(buf));
-    Ok(v)
+    Ok(trace.buffer_param(exec::resolve(value, trace::Reason::Capture)?))
 }
 
 fn uncapturable(why: &str) -> Error {

@@ -1,19 +1,23 @@
 //! Fused mode (DESIGN §5): operators are recorded into one trace and flushed
 //! as one program.
 //!
-//! Recording splices an op's cached plan graph into the trace graph: its
-//! storage inputs become either the trace nodes that computed them (values
-//! still pending) or trace parameters (computed buffers); its numbers and
-//! random keys become parameters too, so their values never reach the
-//! program's text. Its results are [`Pending`] values.
+//! Recording an op notes its cached plan and where each of its inputs comes
+//! from ([`Operand`]): a result of an earlier op of the trace (a value still
+//! pending) or a trace parameter (a computed buffer; numbers and random keys
+//! are parameters of their own, so their values never reach the program's
+//! text). Its results are [`Pending`] values. Nothing is lowered or built
+//! per op: the plans are spliced into one graph only when a flush needs it.
 //!
-//! A flush turns the trace into a program whose outputs are the pending
-//! values somebody still holds (dead intermediates are never materialized)
-//! and whose parameters are the buffers it reads. A parameter buffer that
-//! nothing else holds any more (a storage overwritten by the trace, such as a
-//! weight updated by the optimizer) is donated to an output of its type, so
-//! XLA updates it in place. The program is looked up by the trace's structure
-//! and launched without waiting: Python records the next step meanwhile.
+//! A flush first looks the recorded ops up among the steps met before
+//! ([`Replay`]: the same plans, wired the same way, the same values still
+//! held): a step met again launches its known program at once. Otherwise the
+//! trace becomes a program whose outputs are the pending values somebody
+//! still holds (dead intermediates are never materialized) and whose
+//! parameters are the buffers it reads. A parameter buffer that nothing else
+//! holds any more (a storage overwritten by the trace, such as a weight
+//! updated by the optimizer) is donated to an output of its type, so XLA
+//! updates it in place. The program is looked up by the trace's structure and
+//! launched without waiting: Python records the next step meanwhile.
 use std::hash::{Hash, Hasher};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
@@ -98,13 +102,51 @@ impl Reason {
 pub enum Param {
     Buffer(Arc<DeviceBuffer>),
     Future(Arc<Pending>),
-    Input(Input),
+    Input(Input, crate::ir::Ty),
 }
 
-/// One recorded op, for explaining recompilations.
+impl Param {
+    fn ty(&self) -> &crate::ir::Ty {
+        match self {
+            Param::Buffer(b) => &b.ty,
+            Param::Future(p) => &p.ty,
+            Param::Input(_, ty) => ty,
+        }
+    }
+}
+
+/// Where a recorded op's input comes from: result `k` of the trace (in the
+/// order ops produced them) or trace parameter `n`. A [`Pending`] value's
+/// `node` is its operand's word.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Operand {
+    Result(usize),
+    Param(usize),
+}
+
+impl Operand {
+    fn word(self) -> usize {
+        match self {
+            Operand::Result(k) => k << 1,
+            Operand::Param(n) => n << 1 | 1,
+        }
+    }
+
+    fn of(word: usize) -> Operand {
+        match word & 1 {
+            0 => Operand::Result(word >> 1),
+            _ => Operand::Param(word >> 1),
+        }
+    }
+}
+
+/// One recorded op.
 struct Record {
     plan: Arc<Plan>,
-    /// The user's source line, captured when `TORCHTPU_LOG` is set.
+    /// Its operands, one per plan input, from `Trace::operands[operands]` on.
+    operands: usize,
+    /// The user's source line, captured when `TORCHTPU_LOG` is set (for
+    /// explaining recompilations).
     source: Option<String>,
 }
 
@@ -112,23 +154,32 @@ struct Record {
 pub struct Trace {
     pub epoch: u64,
     device: usize,
-    pub graph: Graph,
-    /// What the graph's parameters stand for, in order.
+    /// What the parameters stand for, in order.
     pub params: Vec<Param>,
+    records: Vec<Record>,
+    operands: Vec<Operand>,
+    /// The results, pending, in order (`Operand::Result` indexes them).
+    pending: Vec<Weak<Pending>>,
+    /// Nodes the recorded plans hold, for the size bound.
+    nodes: usize,
     /// Recording a compiled graph's plan (see `begin_capture`): nothing may
     /// flush, and random keys are drawn afresh at each call.
     capture: bool,
     /// Storage buffers already made parameters (one parameter per buffer:
-    /// sharing is part of the program's structure).
-    param_of: FxMap<usize, V>,
+    /// sharing is part of the program's structure), by address.
+    param_of: FxMap<usize, usize>,
     /// The same for values of flushes still running (by the value's
     /// address), and those of them not yet known by their buffer.
-    future_of: FxMap<usize, V>,
-    unsettled: Vec<(usize, V)>,
-    pending: Vec<Weak<Pending>>,
-    /// Data-dependent errors of recorded ops, as trace nodes.
-    pub checks: Vec<Check>,
-    records: Vec<Record>,
+    future_of: FxMap<usize, usize>,
+    unsettled: Vec<usize>,
+    /// The recorded plans spliced into one graph (`splice`): the graph node
+    /// of each parameter, of each result, and the records spliced so far.
+    graph: Graph,
+    param_nodes: Vec<V>,
+    result_nodes: Vec<V>,
+    spliced: usize,
+    /// Data-dependent errors of spliced ops, as graph nodes.
+    checks: Vec<Check>,
 }
 
 static TRACE: Mutex<Option<Trace>> = Mutex::new(None);
@@ -161,9 +212,8 @@ pub fn begin_capture(device: usize) -> Result<()> {
 pub fn placeholder(ty: crate::ir::Ty, input: Input) -> Result<Arc<Pending>> {
     let mut guard = CAPTURE.lock().unwrap();
     let t = guard.as_mut().ok_or_else(|| Error::runtime("torchtpu: no graph is being captured"))?;
-    let node = t.graph.param(ty.clone());
-    t.params.push(Param::Input(input));
-    Ok(Pending::new(t.epoch, node, ty))
+    t.params.push(Param::Input(input, ty.clone()));
+    Ok(Pending::new(t.epoch, Operand::Param(t.params.len() - 1).word(), ty))
 }
 
 /// The captured trace (None if no capture was running).
@@ -188,10 +238,29 @@ pub fn logging() -> bool {
 }
 
 impl Trace {
-    fn param(&mut self, buf: Arc<DeviceBuffer>) -> V {
-        let v = self.graph.param(buf.ty.clone());
-        self.params.push(Param::Buffer(buf));
-        v
+    /// A trace recording after `t` was flushed: its lists sized as `t`'s
+    /// were, so that a step recorded again does not grow them op by op.
+    fn after(t: &Trace) -> Trace {
+        Trace {
+            epoch: next_epoch(),
+            params: Vec::with_capacity(t.params.len()),
+            records: Vec::with_capacity(t.records.len()),
+            operands: Vec::with_capacity(t.operands.len()),
+            pending: Vec::with_capacity(t.pending.len()),
+            ..Trace::default()
+        }
+    }
+
+    fn param(&mut self, param: Param) -> Operand {
+        self.params.push(param);
+        Operand::Param(self.params.len() - 1)
+    }
+
+    /// A parameter holding `buf` (a value computed before a capture).
+    pub fn buffer_param(&mut self, buf: Arc<DeviceBuffer>) -> V {
+        self.param(Param::Buffer(buf));
+        self.splice();
+        *self.param_nodes.last().expect("a parameter was just added")
     }
 
     /// The buffer of parameter `n` (every parameter of a trace that runs is
@@ -200,7 +269,7 @@ impl Trace {
         match &self.params[n] {
             Param::Buffer(b) => b,
             Param::Future(_) => unreachable!("futures are resolved before a trace is lowered"),
-            Param::Input(_) => unreachable!("a captured graph's trace is never run"),
+            Param::Input(..) => unreachable!("a captured graph's trace is never run"),
         }
     }
 
@@ -209,10 +278,10 @@ impl Trace {
     /// same parameter.
     fn settle(&mut self) {
         let (params, param_of) = (&self.params, &mut self.param_of);
-        self.unsettled.retain(|&(n, v)| match &params[n] {
+        self.unsettled.retain(|&n| match &params[n] {
             Param::Future(p) => match p.ready() {
                 Some(b) => {
-                    param_of.insert(Arc::as_ptr(b) as usize, v);
+                    param_of.insert(Arc::as_ptr(b) as usize, n);
                     false
                 }
                 None => true,
@@ -221,35 +290,32 @@ impl Trace {
         });
     }
 
-    /// The trace node of a plan input.
-    fn operand(&mut self, plan: &Plan, input: &Input, args: &[Arg], device: usize) -> Result<V> {
+    /// Where a plan input comes from.
+    fn operand(&mut self, plan: &Plan, input: &Input, args: &[Arg], device: usize) -> Result<Operand> {
         if self.capture && matches!(input, Input::Seed { .. }) {
             // A compiled graph draws fresh random numbers at every call.
-            let v = self.graph.param(crate::ir::Ty::new(crate::ir::dtype::DType::U64, &[2]));
-            self.params.push(Param::Input(Input::Seed { arg: None }));
-            return Ok(v);
+            let ty = crate::ir::Ty::new(crate::ir::dtype::DType::U64, &[2]);
+            return Ok(self.param(Param::Input(Input::Seed { arg: None }, ty)));
         }
         let Input::Storage { arg, item } = *input else {
             // Numbers, host scalars and random keys: always a parameter of
             // their own, so that equal values never change the structure.
-            return Ok(self.param(exec::input(plan, input, args, device)?));
+            return Ok(self.param(Param::Buffer(exec::input(plan, input, args, device)?)));
         };
         let storage = exec::storage_of(&exec::tensor_at(args, arg, item)?);
         let value =
             storage.and_then(|s| s.value()).ok_or_else(|| Error::runtime("torchtpu: a storage lost its value"))?;
         match value {
-            Value::Pending(p) if p.epoch == self.epoch && p.result.get().is_none() => Ok(p.node),
+            Value::Pending(p) if p.epoch == self.epoch && p.result.get().is_none() => Ok(Operand::of(p.node)),
             // Recording goes on while the flush computing it runs.
             Value::Pending(p) if !self.capture && p.result.get().is_none() && p.flushed.load(Ordering::Acquire) => {
                 let key = Arc::as_ptr(&p) as usize;
-                if let Some(&v) = self.future_of.get(&key) {
-                    return Ok(v);
+                if let Some(&n) = self.future_of.get(&key) {
+                    return Ok(Operand::Param(n));
                 }
-                let v = self.graph.param(p.ty.clone());
-                self.unsettled.push((self.params.len(), v));
-                self.params.push(Param::Future(p));
-                self.future_of.insert(key, v);
-                Ok(v)
+                self.unsettled.push(self.params.len());
+                self.future_of.insert(key, self.params.len());
+                Ok(self.param(Param::Future(p)))
             }
             value => {
                 let buf = value
@@ -259,14 +325,65 @@ impl Trace {
                 if !self.unsettled.is_empty() && !self.param_of.contains_key(&key) {
                     self.settle();
                 }
-                if let Some(&v) = self.param_of.get(&key) {
-                    return Ok(v);
+                if let Some(&n) = self.param_of.get(&key) {
+                    return Ok(Operand::Param(n));
                 }
-                let v = self.param(buf);
-                self.param_of.insert(key, v);
-                Ok(v)
+                self.param_of.insert(key, self.params.len());
+                Ok(self.param(Param::Buffer(buf)))
             }
         }
+    }
+
+    /// Splices the plans recorded since the last call into the trace's
+    /// graph.
+    fn splice(&mut self) {
+        let Trace { graph, params, param_nodes, result_nodes, records, operands, checks, spliced, .. } = self;
+        for param in &params[param_nodes.len()..] {
+            param_nodes.push(graph.param(param.ty().clone()));
+        }
+        for r in &records[*spliced..] {
+            let g = &r.plan.graph;
+            let mut map: Vec<V> = Vec::with_capacity(g.nodes.len());
+            for node in &g.nodes {
+                let v = match node.op {
+                    Op::Param(n) => match operands[r.operands + n] {
+                        Operand::Result(k) => result_nodes[k],
+                        Operand::Param(n) => param_nodes[n],
+                    },
+                    _ => graph.push(node.op.clone(), node.args.iter().map(|&a| map[a]).collect(), node.ty.clone()),
+                };
+                map.push(v);
+            }
+            result_nodes.extend(g.outputs[..r.plan.outputs.len()].iter().map(|&out| map[out]));
+            for c in &r.plan.checks {
+                let (flag, value) = (map[g.outputs[c.flag]], c.value.map(|v| map[g.outputs[v]]));
+                checks.push(Check { flag, value, kind: c.kind, message: c.message.clone() });
+            }
+        }
+        *spliced = records.len();
+    }
+
+    /// The graph, every recorded op spliced in.
+    pub fn graph(&mut self) -> &Graph {
+        self.splice();
+        &self.graph
+    }
+
+    /// The graph node of a pending value of this trace (after `graph`).
+    pub fn node(&self, p: &Pending) -> V {
+        match Operand::of(p.node) {
+            Operand::Result(k) => self.result_nodes[k],
+            Operand::Param(n) => self.param_nodes[n],
+        }
+    }
+
+    /// The spliced checks' flag and value nodes.
+    pub fn check_nodes(&self) -> impl Iterator<Item = V> + '_ {
+        self.checks.iter().flat_map(|c| std::iter::once(c.flag).chain(c.value))
+    }
+
+    pub fn checks(&self) -> &[Check] {
+        &self.checks
     }
 }
 
@@ -280,35 +397,23 @@ pub fn record(plan: &Arc<Plan>, args: &[Arg], device: usize) -> Result<Vec<Value
     }
     let t = guard.get_or_insert_with(Trace::default);
     t.device = device;
-    let g = &plan.graph;
-    let mut map: Vec<V> = Vec::with_capacity(g.nodes.len());
-    for node in &g.nodes {
-        let v = match node.op {
-            Op::Param(n) => t.operand(plan, &plan.inputs[n], args, device)?,
-            _ => {
-                let node_args = node.args.iter().map(|&a| map[a]).collect();
-                t.graph.push(node.op.clone(), node_args, node.ty.clone())
-            }
-        };
-        map.push(v);
+    let first = t.operands.len();
+    for input in &plan.inputs {
+        let operand = t.operand(plan, input, args, device)?;
+        t.operands.push(operand);
     }
-    let epoch = t.epoch;
+    t.records.push(Record { plan: plan.clone(), operands: first, source });
+    t.nodes += plan.graph.nodes.len();
+    let g = &plan.graph;
     let results = g.outputs[..plan.outputs.len()]
         .iter()
         .map(|&out| {
-            let ty = t.graph.ty(map[out]).clone();
-            let p = Pending::new(epoch, map[out], ty);
+            let p = Pending::new(t.epoch, Operand::Result(t.pending.len()).word(), g.ty(out).clone());
             t.pending.push(Arc::downgrade(&p));
             Value::Pending(p)
         })
         .collect();
-    for c in &plan.checks {
-        let flag = map[g.outputs[c.flag]];
-        let value = c.value.map(|v| map[g.outputs[v]]);
-        t.checks.push(Check { flag, value, kind: c.kind, message: c.message.clone() });
-    }
-    t.records.push(Record { plan: plan.clone(), source });
-    if t.graph.nodes.len() > size_limit() && !t.capture {
+    if t.nodes > size_limit() && !t.capture {
         flush_locked(&mut guard, Reason::Size)?;
     }
     Ok(results)
@@ -348,7 +453,7 @@ fn flush_locked(slot: &mut Option<Trace>, reason: Reason) -> Result<()> {
     if t.capture {
         return Err(uncapturable(reason));
     }
-    let next = Trace { epoch: next_epoch(), ..Trace::default() };
+    let next = Trace::after(t);
     let trace = std::mem::replace(t, next);
     *METRICS.flushes.lock().unwrap().entry(reason.name()).or_insert(0) += 1;
     let live: Vec<Arc<Pending>> = trace.pending.iter().filter_map(Weak::upgrade).collect();
@@ -411,6 +516,7 @@ struct Lowered {
     checks: Vec<(usize, Option<usize>, Kind, String)>,
 }
 
+#[derive(Clone)]
 enum Source {
     Output(usize),
     Param(usize),
@@ -466,10 +572,9 @@ fn resolve_futures(trace: &mut Trace) -> Result<FxMap<usize, usize>> {
 
 /// `resolved`: the buffer address of each value of an earlier flush the
 /// trace read while that flush ran (`resolve_futures`).
-fn lower_trace(trace: &Trace, live: &[Arc<Pending>], resolved: &FxMap<usize, usize>) -> Lowered {
-    let nodes = &trace.graph.nodes;
-    let roots =
-        live.iter().map(|p| p.node).chain(trace.checks.iter().flat_map(|c| std::iter::once(c.flag).chain(c.value)));
+fn lower_trace(trace: &mut Trace, live: &[Arc<Pending>], resolved: &FxMap<usize, usize>) -> Lowered {
+    trace.graph();
+    let roots = live.iter().map(|p| trace.node(p)).chain(trace.check_nodes());
     let (mut g, params, map) = prune(&trace.graph, roots);
     let output = |g: &mut Graph, v: V| {
         g.outputs.push(map[v]);
@@ -477,9 +582,9 @@ fn lower_trace(trace: &Trace, live: &[Arc<Pending>], resolved: &FxMap<usize, usi
     };
     let sources: Vec<Source> = live
         .iter()
-        .map(|p| match nodes[p.node].op {
+        .map(|p| match trace.graph.nodes[trace.node(p)].op {
             Op::Param(n) => Source::Param(n),
-            _ => Source::Output(output(&mut g, p.node)),
+            _ => Source::Output(output(&mut g, trace.node(p))),
         })
         .collect();
     let checks = trace
@@ -488,11 +593,25 @@ fn lower_trace(trace: &Trace, live: &[Arc<Pending>], resolved: &FxMap<usize, usi
         .map(|c| (output(&mut g, c.flag), c.value.map(|v| output(&mut g, v)), c.kind, c.message.clone()))
         .collect();
     simplify::prune(&mut g);
-    // Donate parameters nobody else holds (nor will: passed through): each
-    // to the value that replaced it in its storage, so that XLA can update it
-    // in place, else to any output of the same type (its memory is reused).
-    g.donors = vec![None; params.len()];
-    let mut taken = vec![false; g.outputs.len()];
+    let outputs: Vec<&crate::ir::Ty> = g.outputs.iter().map(|&v| g.ty(v)).collect();
+    g.donors = donors(trace, &params, &sources, &outputs, live, resolved);
+    Lowered { graph: g, params, sources, checks }
+}
+
+/// What each program parameter (trace parameter `params[k]`) is donated to.
+/// A parameter nobody else holds (nor will: passed through) goes to the
+/// value that replaced it in its storage, so that XLA can update it in
+/// place, else to any output of the same type (its memory is reused).
+fn donors(
+    trace: &Trace,
+    params: &[usize],
+    sources: &[Source],
+    outputs: &[&crate::ir::Ty],
+    live: &[Arc<Pending>],
+    resolved: &FxMap<usize, usize>,
+) -> Vec<Option<usize>> {
+    let mut donors = vec![None; params.len()];
+    let mut taken = vec![false; outputs.len()];
     let donatable: Vec<usize> = (0..params.len())
         .filter(|&k| {
             let n = params[k];
@@ -502,31 +621,102 @@ fn lower_trace(trace: &Trace, live: &[Arc<Pending>], resolved: &FxMap<usize, usi
         .collect();
     let param_of: FxMap<usize, usize> =
         donatable.iter().map(|&k| (Arc::as_ptr(trace.buffer(params[k])) as usize, k)).collect();
-    for (p, source) in live.iter().zip(&sources) {
+    let ty = |k: usize| &trace.buffer(params[k]).ty;
+    for (p, source) in live.iter().zip(sources) {
         let replaced = p.replaces.get().and_then(|r| match *r {
             Replaced::Buffer(addr) => Some(addr),
             Replaced::Pending(value) => resolved.get(&value).copied(),
         });
         if let (Some(addr), Source::Output(o)) = (replaced, source) {
             if let Some(&k) = param_of.get(&addr) {
-                if g.donors[k].is_none() && !taken[*o] && g.nodes[g.outputs[*o]].ty == g.params[k] {
+                if donors[k].is_none() && !taken[*o] && outputs[*o] == ty(k) {
                     taken[*o] = true;
-                    g.donors[k] = Some(*o);
+                    donors[k] = Some(*o);
                 }
             }
         }
     }
     for k in donatable {
-        let ty = &g.params[k];
-        if g.donors[k].is_some() {
+        if donors[k].is_some() {
             continue;
         }
-        if let Some(o) = (0..g.outputs.len()).find(|&o| !taken[o] && g.nodes[g.outputs[o]].ty == *ty) {
+        if let Some(o) = (0..outputs.len()).find(|&o| !taken[o] && outputs[o] == ty(k)) {
             taken[o] = true;
-            g.donors[k] = Some(o);
+            donors[k] = Some(o);
         }
     }
-    Lowered { graph: g, params, sources, checks }
+    donors
+}
+
+/// A step met before: the program a trace of the same ops, wired the same
+/// way and with the same results still held, was lowered to, and how its
+/// parameters and outputs map to the trace's. Found by the trace's
+/// [`tape`], a flush launches it without splicing, lowering or hashing a
+/// graph; any difference (another op, another operand, a value kept or
+/// dropped, other donations) misses and lowers the trace as it is.
+struct Replay {
+    /// The ops' plans, held so that their addresses in the tape stay theirs.
+    _plans: Vec<Arc<Plan>>,
+    program: Weak<Program>,
+    params: Vec<usize>,
+    sources: Vec<Source>,
+    checks: Vec<(usize, Option<usize>, Kind, String)>,
+    donors: Vec<Option<usize>>,
+    outputs: Vec<crate::ir::Ty>,
+    nodes: usize,
+}
+
+/// Replays by their tape (one key may hold several donation patterns).
+static REPLAYS: Mutex<Option<FxMap<Vec<u64>, Vec<Arc<Replay>>>>> = Mutex::new(None);
+
+/// The trace's identity for replays: each op's plan and operands, then the
+/// results still held.
+fn tape(trace: &Trace, live: &[Arc<Pending>]) -> Vec<u64> {
+    let mut words = Vec::with_capacity(trace.records.len() + trace.operands.len() + live.len() + 1);
+    for r in &trace.records {
+        words.push(Arc::as_ptr(&r.plan) as u64);
+        let operands = &trace.operands[r.operands..r.operands + r.plan.inputs.len()];
+        words.extend(operands.iter().map(|o| o.word() as u64));
+    }
+    words.push(u64::MAX);
+    words.extend(live.iter().map(|p| p.node as u64));
+    words
+}
+
+/// The replay of `tape` whose donations are those of this flush.
+fn replay(trace: &Trace, tape: &[u64], live: &[Arc<Pending>], resolved: &FxMap<usize, usize>) -> Option<(Arc<Replay>, Arc<Program>)> {
+    let replays = REPLAYS.lock().unwrap();
+    let found = replays.as_ref()?.get(tape)?.iter().find_map(|r| {
+        let outputs: Vec<&crate::ir::Ty> = r.outputs.iter().collect();
+        let same = donors(trace, &r.params, &r.sources, &outputs, live, resolved) == r.donors;
+        Some((r.clone(), r.program.upgrade().filter(|_| same)?))
+    });
+    found
+}
+
+fn remember(tape: Vec<u64>, trace: &Trace, lowered: &Lowered, program: &Arc<Program>) {
+    let g = &lowered.graph;
+    let replay = Arc::new(Replay {
+        _plans: trace.records.iter().map(|r| r.plan.clone()).collect(),
+        program: Arc::downgrade(program),
+        params: lowered.params.clone(),
+        sources: lowered.sources.clone(),
+        checks: lowered.checks.clone(),
+        donors: g.donors.clone(),
+        outputs: g.outputs.iter().map(|&v| g.ty(v).clone()).collect(),
+        nodes: g.nodes.len(),
+    });
+    let mut replays = REPLAYS.lock().unwrap();
+    let replays = replays.get_or_insert_with(FxMap::default);
+    if replays.len() >= 1024 {
+        replays.clear();
+    }
+    let known = replays.entry(tape).or_default();
+    known.retain(|r| r.program.strong_count() > 0);
+    if known.len() >= 4 {
+        known.remove(0);
+    }
+    known.push(replay);
 }
 
 /// Compiled fused programs by the structure of their graph, and what each
@@ -688,38 +878,85 @@ fn explain(ops: &[(Arc<Plan>, Option<String>)], history: &[Vec<(Arc<Plan>, Optio
 
 fn run(mut trace: Trace, live: &[Arc<Pending>]) -> Result<()> {
     let resolved = resolve_futures(&mut trace)?;
-    let lowered = lower_trace(&trace, live, &resolved);
-    for (p, s) in live.iter().zip(&lowered.sources) {
+    // A bucketed program's outputs are padded: their readers go through
+    // `program`'s buckets, not replays.
+    let replayable = trace.params.iter().all(|p| matches!(p, Param::Buffer(b) if b.padded.is_none()));
+    let tape = replayable.then(|| tape(&trace, live));
+    if let Some((r, program)) = tape.as_ref().and_then(|tape| replay(&trace, tape, live, &resolved)) {
+        bump(&METRICS.fused_hits);
+        bump(&METRICS.replays);
+        program.touch();
+        let outputs = Outputs { tys: &r.outputs, donors: &r.donors, nodes: r.nodes };
+        return launch(&trace, live, &r.params, &r.sources, r.checks.clone(), outputs, &program, None);
+    }
+    let lowered = lower_trace(&mut trace, live, &resolved);
+    if lowered.graph.outputs.is_empty() {
+        for (p, s) in live.iter().zip(&lowered.sources) {
+            if let Source::Param(n) = s {
+                let _ = p.result.set(Ok(trace.buffer(*n).clone()));
+            }
+        }
+        return Ok(());
+    }
+    let (program, launched) = program(&trace, &lowered.graph, &lowered.params)?;
+    if let (Some(tape), None) = (tape, &launched) {
+        remember(tape, &trace, &lowered, &program);
+    }
+    let g = &lowered.graph;
+    let tys: Vec<crate::ir::Ty> = g.outputs.iter().map(|&v| g.ty(v).clone()).collect();
+    let outputs = match &launched {
+        Some(l) => Outputs { tys: &tys, donors: &l.donors, nodes: l.nodes },
+        None => Outputs { tys: &tys, donors: &g.donors, nodes: g.nodes.len() },
+    };
+    launch(&trace, live, &lowered.params, &lowered.sources, lowered.checks, outputs, &program, launched.as_ref())
+}
+
+/// A program's outputs: their types, what each parameter is donated to,
+/// and the program's size (for the metrics).
+struct Outputs<'a> {
+    tys: &'a [crate::ir::Ty],
+    donors: &'a [Option<usize>],
+    nodes: usize,
+}
+
+/// Launches `program` on the trace's parameters `params` (its bucket's
+/// shapes where `bucket` says) and hands each live value its result.
+#[allow(clippy::too_many_arguments)]
+fn launch(
+    trace: &Trace,
+    live: &[Arc<Pending>],
+    params: &[usize],
+    sources: &[Source],
+    checks: Vec<(usize, Option<usize>, Kind, String)>,
+    outputs: Outputs,
+    program: &Program,
+    bucket: Option<&Arc<bounded::Launch>>,
+) -> Result<()> {
+    for (p, s) in live.iter().zip(sources) {
         if let Source::Param(n) = s {
             let _ = p.result.set(Ok(trace.buffer(*n).clone()));
         }
     }
-    if lowered.graph.outputs.is_empty() {
-        return Ok(());
-    }
-    let (program, launch) = program(&trace, &lowered.graph, &lowered.params)?;
     let rt = runtime::get()?;
     // Inputs in the shapes the program takes: its bucket's, or exact.
-    let mut inputs: Vec<Arc<DeviceBuffer>> = Vec::with_capacity(lowered.params.len() + 1);
-    for (k, &n) in lowered.params.iter().enumerate() {
+    let mut inputs: Vec<Arc<DeviceBuffer>> = Vec::with_capacity(params.len() + 1);
+    for (k, &n) in params.iter().enumerate() {
         let buf = trace.buffer(n);
-        inputs.push(match &launch {
+        inputs.push(match bucket {
             Some(l) => bounded::repad(buf, &l.shapes[k])?,
             None => bounded::unpad(buf)?,
         });
     }
-    if let Some(l) = &launch {
+    if let Some(l) = bucket {
         for &s in &l.sizes {
             inputs.push(exec::upload_scalar(&(s as i32).to_le_bytes(), crate::ir::dtype::DType::I32, trace.device)?);
         }
         bump(&METRICS.bucketed_runs);
     }
-    let (donors, nodes) =
-        launch.as_ref().map_or((&lowered.graph.donors, lowered.graph.nodes.len()), |l| (&l.donors, l.nodes));
     let args: Vec<&pjrt::Buffer> = inputs.iter().map(|b| &*b.buf).collect();
-    let kept: Vec<i64> = (0..args.len()).filter(|&k| donors[k].is_none()).map(|k| k as i64).collect();
+    let kept: Vec<i64> = (0..args.len()).filter(|&k| outputs.donors[k].is_none()).map(|k| k as i64).collect();
     add(&METRICS.donated, (args.len() - kept.len()) as u64);
-    METRICS.largest_graph.fetch_max(nodes as u64, std::sync::atomic::Ordering::Relaxed);
+    METRICS.largest_graph.fetch_max(outputs.nodes as u64, std::sync::atomic::Ordering::Relaxed);
     let start = Instant::now();
     let raw = program
         .exe
@@ -729,27 +966,27 @@ fn run(mut trace: Trace, live: &[Arc<Pending>]) -> Result<()> {
     bump(&METRICS.executions);
     let outs: Vec<Arc<DeviceBuffer>> = raw
         .into_iter()
-        .zip(&lowered.graph.outputs)
+        .zip(outputs.tys)
         .enumerate()
-        .map(|(o, (b, &v))| {
-            let padded = launch.as_ref().and_then(|l| l.padded[o].clone());
-            DeviceBuffer::with_shape(b, lowered.graph.ty(v).clone(), padded, trace.device)
+        .map(|(o, (b, ty))| {
+            let padded = bucket.and_then(|l| l.padded[o].clone());
+            DeviceBuffer::with_shape(b, ty.clone(), padded, trace.device)
         })
         .collect();
     event::track(&outs)?;
-    for (p, s) in live.iter().zip(&lowered.sources) {
+    for (p, s) in live.iter().zip(sources) {
         if let Source::Output(o) = s {
             let _ = p.result.set(Ok(outs[*o].clone()));
         }
     }
-    let mut checks = LAUNCHED_CHECKS.lock().unwrap();
-    for (flag, value, kind, message) in lowered.checks {
-        checks.push((outs[flag].clone(), value.map(|v| outs[v].clone()), kind, message));
+    let mut launched = LAUNCHED_CHECKS.lock().unwrap();
+    for (flag, value, kind, message) in checks {
+        launched.push((outs[flag].clone(), value.map(|v| outs[v].clone()), kind, message));
     }
     // A loop that never reads a value still learns of a failed check, and
     // the list stays short.
-    let many = checks.len() > 256;
-    drop(checks);
+    let many = launched.len() > 256;
+    drop(launched);
     verify(many)
 }
 
