@@ -24,9 +24,9 @@ def fused():
         yield
 
 
-def step_deltas(workload, steps=5, **options):
-    """Per step of an unmodified training loop: (programs executed,
-    compilations, CPU fallbacks) during that step."""
+def per_step(workload, measure, steps=5, **options):
+    """`measure(before, now)` of the metrics around each step of an
+    unmodified training loop, and its losses."""
     deltas = []
     torchtpu.reset_metrics()
     before = torchtpu.metrics()
@@ -34,12 +34,19 @@ def step_deltas(workload, steps=5, **options):
     def on_step(step, *_):
         nonlocal before
         now = torchtpu.metrics()
-        deltas.append((now["executions"] - before["executions"], now["compilations"] - before["compilations"],
-                       sum(now["fallbacks"].values()) - sum(before["fallbacks"].values())))
+        deltas.append(measure(before, now))
         before = now
 
-    train(workload, "tpu", steps, on_step=on_step, **options)
-    return deltas
+    return deltas, train(workload, "tpu", steps, on_step=on_step, **options)
+
+
+def step_deltas(workload, steps=5, **options):
+    """Per step: (programs executed, compilations, CPU fallbacks) during it."""
+    def measure(before, now):
+        return (now["executions"] - before["executions"], now["compilations"] - before["compilations"],
+                sum(now["fallbacks"].values()) - sum(before["fallbacks"].values()))
+
+    return per_step(workload, measure, steps, **options)[0]
 
 
 @pytest.mark.parametrize("workload", list(WORKLOADS))
@@ -56,6 +63,53 @@ def test_one_program_per_step(workload):
 def test_two_programs_when_loss_is_read_before_step(workload):
     deltas = step_deltas(workload, read_loss_before_step=True)
     assert deltas[2:] == [(2, 0, 0)] * (len(deltas) - 2), deltas
+
+
+@pytest.mark.parametrize("workload", list(WORKLOADS))
+def test_steps_met_again_replay(workload):
+    """A step recorded again (same ops, wired the same way, the same values
+    held) launches the program of the step before it without lowering its
+    trace: from step 3 on, every flush replays, with CPU's losses. Reading
+    the loss before the step splits it differently: those flushes replay
+    too, after lowering each new split once."""
+    # Dropout off (both devices compute the same function); the learning
+    # rates that keep CPU's losses within rounding (test_training).
+    options = dict(dropout=0.0) if workload == "transformer" else {}
+    lr = {"mlp": 1e-4, "transformer": 1e-4, "cnn": 0.005}[workload]
+    for read_first in (False, True):
+        replays, losses = per_step(
+            workload, lambda b, n: (n["fused_replays"] - b["fused_replays"], n["executions"] - b["executions"]),
+            6, lr=lr, read_loss_before_step=read_first, **options)
+        flushes = 2 if read_first else 1
+        assert replays[2:] == [(flushes, flushes)] * 4, (read_first, replays)
+        expected = train(workload, "cpu", 6, lr, read_loss_before_step=read_first, **options)
+        torch.testing.assert_close(torch.tensor(losses), torch.tensor(expected), rtol=1e-4, atol=0)
+
+
+def test_a_step_that_differs_is_lowered_again():
+    """A value held in one step and not the next changes the program's
+    outputs: that step misses the replays and is lowered, with the same
+    values either way."""
+    w = torch.randn(64, 64, device="tpu")
+    x = torch.randn(8, 64, device="tpu")
+    expected_w, expected_x = w.cpu(), x.cpu()
+    kept = []
+    torchtpu.reset_metrics()
+    for i in range(8):
+        h = torch.tanh(x @ w)
+        y = h * 2 + 1
+        if i % 3 == 2:
+            kept.append(h)  # h outlives the flush: an output of this step only
+        w.sub_(y.t() @ x * 1e-3)
+        torch.tpu.synchronize()
+        eh = torch.tanh(expected_x @ expected_w)
+        if i % 3 == 2:
+            torch.testing.assert_close(kept[-1].cpu(), eh)
+        expected_w = expected_w - (eh * 2 + 1).t() @ expected_x * 1e-3
+    torch.testing.assert_close(w.cpu(), expected_w, rtol=1e-4, atol=1e-5)
+    m = torchtpu.metrics()
+    # Two kinds of step (h kept or not): each lowered once or twice, the rest replayed.
+    assert m["fused_replays"] >= 4 and m["fused_replays"] + m["fused_cache_misses"] <= 8, m
 
 
 def test_dropout_never_recompiles():

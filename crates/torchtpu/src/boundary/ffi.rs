@@ -57,8 +57,9 @@ const TT_GRAPH_MISS: i32 = 8;
 
 thread_local! {
     static LAST_ERROR: RefCell<CString> = RefCell::new(CString::default());
-    /// Results of the last tt_op_run on this thread, and their shapes.
-    static RESULTS: RefCell<(Vec<TtResult>, Vec<Vec<i64>>)> = const { RefCell::new((Vec::new(), Vec::new())) };
+    /// Results of the last tt_op_run on this thread, and their shapes, one
+    /// after the other.
+    static RESULTS: RefCell<(Vec<TtResult>, Vec<i64>)> = const { RefCell::new((Vec::new(), Vec::new())) };
     /// Results of the last compiled-graph call or capture on this thread:
     /// the new storages, the views and what their shapes point into.
     static GRAPH_RESULTS: RefCell<(Vec<TtResult>, Vec<TtView>, Vec<compiled::View>)> =
@@ -181,14 +182,14 @@ pub unsafe extern "C" fn tt_op_run(
         let def = lower::get(op)?;
         let raw = std::slice::from_raw_parts(args, nargs.max(0) as usize);
         let decoded: Vec<Arg> = raw.iter().map(|a| args::decode(a)).collect::<Result<_>>()?;
-        let storages = exec::run_op(def, &decoded)?;
+        let (plan, storages) = exec::run_op(def, &decoded)?;
         RESULTS.with(|r| {
             let (out, shapes) = &mut *r.borrow_mut();
             out.clear();
             shapes.clear();
+            let mut tys = plan.outputs.iter();
             for result in storages {
-                let Some((s, ty)) = result else {
-                    shapes.push(Vec::new());
+                let Some(s) = result else {
                     out.push(TtResult {
                         storage: std::ptr::null_mut(),
                         addr: 0,
@@ -200,7 +201,8 @@ pub unsafe extern "C" fn tt_op_run(
                     });
                     continue;
                 };
-                shapes.push(ty.shape.clone());
+                let ty = tys.next().expect("a type per defined result");
+                shapes.extend(&ty.shape);
                 out.push(TtResult {
                     storage: std::ptr::null_mut(),
                     addr: s.addr,
@@ -212,8 +214,10 @@ pub unsafe extern "C" fn tt_op_run(
                 });
                 out.last_mut().unwrap().storage = Storage::into_handle(s);
             }
-            for (o, s) in out.iter_mut().zip(shapes.iter()) {
-                o.sizes = s.as_ptr();
+            let mut at = 0;
+            for o in out.iter_mut() {
+                o.sizes = shapes[at..].as_ptr();
+                at += o.ndim as usize;
             }
             *results = out.as_ptr();
             *nresults = out.len() as i64;

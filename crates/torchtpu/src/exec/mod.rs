@@ -182,6 +182,12 @@ static PLANS: LazyLock<RwLock<FxMap<Key, Arc<Plan>>>> = LazyLock::new(Default::d
 /// its program depends on, never the values of `runtime` operands.
 pub fn signature(id: u64, runtime: impl Fn(usize) -> bool, args: &[Arg]) -> Key {
     let mut key = Vec::with_capacity(64);
+    write_signature(&mut key, id, runtime, args);
+    key
+}
+
+/// `signature`, appended to `key`.
+fn write_signature(key: &mut Key, id: u64, runtime: impl Fn(usize) -> bool, args: &[Arg]) {
     key.push(id);
     let mut storages: Vec<*const Storage> = Vec::new();
     let mut tensor = |key: &mut Key, t: &Option<Tensor>| {
@@ -229,16 +235,16 @@ pub fn signature(id: u64, runtime: impl Fn(usize) -> bool, args: &[Arg]) -> Key 
         };
         match a {
             Arg::None => key.push(100),
-            Arg::Tensor(t) => tensor(&mut key, &Some(*t)),
+            Arg::Tensor(t) => tensor(key, &Some(*t)),
             Arg::Tensors(ts) => {
                 key.extend([102, ts.len() as u64]);
                 for t in ts {
-                    tensor(&mut key, t);
+                    tensor(key, t);
                 }
             }
-            Arg::Int(v) => scalar(&mut key, 103, *v as u64),
-            Arg::Float(f) => scalar(&mut key, 105, f.to_bits()),
-            Arg::Bool(b) => scalar(&mut key, 107, *b as u64),
+            Arg::Int(v) => scalar(key, 103, *v as u64),
+            Arg::Float(f) => scalar(key, 105, f.to_bits()),
+            Arg::Bool(b) => scalar(key, 107, *b as u64),
             Arg::Ints(v) => {
                 key.extend([109, v.len() as u64]);
                 key.extend(v.iter().map(|&x| x as u64));
@@ -259,7 +265,6 @@ pub fn signature(id: u64, runtime: impl Fn(usize) -> bool, args: &[Arg]) -> Key 
             Arg::Other => key.push(114),
         }
     }
-    key
 }
 
 fn build(
@@ -326,21 +331,26 @@ fn cached(
     sizes: Vec<i64>,
     tag: &[u64],
 ) -> Result<Arc<Plan>> {
-    let mut key = signature(op.id as u64, |i| op.is_runtime(i), args);
-    key.extend(tag);
-    key.extend(sizes.iter().map(|&s| s as u64));
+    // Each call's key is written into one buffer, allocated once per thread.
+    thread_local!(static KEY: std::cell::RefCell<Key> = std::cell::RefCell::new(Vec::with_capacity(64)));
     // The setting is read only for overloads that have built float32 dots:
     // plans cached before the first one never depended on it.
     let follows = op.follows_precision.load(Ordering::Relaxed);
     let precision = follows.then(f32_precision);
-    if let Some(p) = precision {
-        key.push(p as u64);
-    }
-    if let Some(p) = PLANS.read().unwrap().get(&key) {
+    let hit = KEY.with_borrow_mut(|key| {
+        key.clear();
+        write_signature(key, op.id as u64, |i| op.is_runtime(i), args);
+        key.extend(tag);
+        key.extend(sizes.iter().map(|&s| s as u64));
+        key.extend(precision.map(|p| p as u64));
+        PLANS.read().unwrap().get(key.as_slice()).cloned()
+    });
+    if let Some(p) = hit {
         bump(&METRICS.plan_hits);
-        return Ok(p.clone());
+        return Ok(p);
     }
     bump(&METRICS.plan_misses);
+    let key = KEY.with_borrow(Key::clone);
     let p = Arc::new(build(op, lower, args, device, sizes, precision.unwrap_or_else(f32_precision))?);
     if !follows && p.graph.uses_f32_precision() {
         op.follows_precision.store(true, Ordering::Relaxed);
@@ -497,13 +507,13 @@ pub fn input(plan: &Plan, input: &Input, args: &[Arg], device: usize) -> Result<
             }
         }
         Input::Scalar { arg, dtype } => {
-            let bytes = match (&args[arg], dtype) {
-                (Arg::Int(v), _) => v.to_le_bytes().to_vec(),
-                (Arg::Float(f), _) => f.to_le_bytes().to_vec(),
-                (Arg::Bool(b), _) => vec![*b as u8],
+            let (bytes, n) = match &args[arg] {
+                Arg::Int(v) => (v.to_le_bytes(), 8),
+                Arg::Float(f) => (f.to_le_bytes(), 8),
+                Arg::Bool(b) => ([*b as u8, 0, 0, 0, 0, 0, 0, 0], 1),
                 _ => return Err(Error::runtime("torchtpu: scalar input is not a number")),
             };
-            upload_scalar(&bytes, dtype, device)
+            upload_scalar(&bytes[..n], dtype, device)
         }
         Input::Seed { arg } => {
             let seed = match arg.map(|a| &args[a]) {
@@ -647,9 +657,10 @@ pub fn apply(plan: &Arc<Plan>, what: &str, args: &[Arg], device: usize) -> Resul
     Ok(execute(plan, what, args, device)?.into_iter().map(Value::Ready).collect())
 }
 
-/// Runs a functional operator; its results are fresh storages and the
-/// results' types (None for undefined ones).
-pub fn run_op(op: &OpDef, args: &[Arg]) -> Result<Vec<Option<(Arc<Storage>, Ty)>>> {
+/// Runs a functional operator: its plan, and its results as fresh storages
+/// (None for undefined ones; the defined ones have the plan's `outputs`
+/// types, in order).
+pub fn run_op(op: &OpDef, args: &[Arg]) -> Result<(Arc<Plan>, Vec<Option<Arc<Storage>>>)> {
     let device = device_of(&op.name, args)?;
     let plan = match op.entry.measure {
         None => plan(op, args, device)?,
@@ -662,15 +673,12 @@ pub fn run_op(op: &OpDef, args: &[Arg]) -> Result<Vec<Option<(Arc<Storage>, Ty)>
     let mut results: Vec<_> = outs
         .into_iter()
         .zip(&plan.outputs)
-        .map(|(v, ty)| {
-            let nbytes = ty.numel() * ty.dtype.size() as i64;
-            Some((Storage::new(device, nbytes, Some(v)), ty.clone()))
-        })
+        .map(|(v, ty)| Some(Storage::new(device, ty.numel() * ty.dtype.size() as i64, Some(v))))
         .collect();
     for &i in &plan.undefined {
         results.insert(i, None);
     }
-    Ok(results)
+    Ok((plan, results))
 }
 
 // ------------------------------------------------------------------ copies

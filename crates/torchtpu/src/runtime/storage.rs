@@ -7,7 +7,8 @@
 //! ranges of live storages never overlap.
 use std::mem::ManuallyDrop;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
-use std::sync::{mpsc, Arc, Mutex, OnceLock};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use std::time::Duration;
 
 use crate::error::{Error, Result};
 use crate::ir::{Ty, V};
@@ -54,19 +55,46 @@ impl DeviceBuffer {
 
 /// Freeing a PJRT buffer waits for the programs still using it, so buffers
 /// are freed on a thread of their own: dropping a tensor (or flushing a
-/// trace) never waits for the device.
-fn free(buf: pjrt::Buffer) {
-    static FREE: OnceLock<Mutex<mpsc::Sender<pjrt::Buffer>>> = OnceLock::new();
-    let sender = FREE.get_or_init(|| {
-        let (tx, rx) = mpsc::channel::<pjrt::Buffer>();
+/// trace) never waits for the device. They go in batches: waking the thread
+/// for each buffer cost a decoding loop more than its tiny programs.
+struct Frees {
+    buffers: Vec<pjrt::Buffer>,
+    bytes: i64,
+}
+
+static FREES: Mutex<Frees> = Mutex::new(Frees { buffers: Vec::new(), bytes: 0 });
+static FREEING: Condvar = Condvar::new();
+/// A batch is freed once it holds this many buffers or bytes, or has waited
+/// `FREE_DELAY`, whichever comes first.
+const FREE_BATCH: usize = 64;
+const FREE_BYTES: i64 = 64 << 20;
+const FREE_DELAY: Duration = Duration::from_millis(2);
+
+fn free(buf: pjrt::Buffer, bytes: i64) {
+    static THREAD: OnceLock<()> = OnceLock::new();
+    THREAD.get_or_init(|| {
         std::thread::Builder::new()
             .name("torchtpu-free".into())
-            .spawn(move || rx.into_iter().for_each(drop))
+            .spawn(|| loop {
+                let mut frees = FREES.lock().unwrap();
+                while frees.buffers.is_empty() {
+                    frees = FREEING.wait(frees).unwrap();
+                }
+                let filling = |f: &mut Frees| f.buffers.len() < FREE_BATCH && f.bytes < FREE_BYTES;
+                let (mut frees, _) = FREEING.wait_timeout_while(frees, FREE_DELAY, filling).unwrap();
+                let batch = std::mem::take(&mut frees.buffers);
+                frees.bytes = 0;
+                drop(frees);
+                drop(batch);
+            })
             .expect("spawning the buffer-freeing thread");
-        Mutex::new(tx)
     });
-    if let Err(mpsc::SendError(buf)) = sender.lock().unwrap().send(buf) {
-        drop(buf);
+    let mut frees = FREES.lock().unwrap();
+    frees.buffers.push(buf);
+    frees.bytes += bytes;
+    // The thread sleeps until a batch starts, then until it fills.
+    if frees.buffers.len() == 1 || frees.buffers.len() >= FREE_BATCH || frees.bytes >= FREE_BYTES {
+        FREEING.notify_one();
     }
 }
 
@@ -75,7 +103,7 @@ impl Drop for DeviceBuffer {
         LIVE_BUFFERS.fetch_sub(1, Ordering::Relaxed);
         memory::freed(self.device, self.bytes());
         // SAFETY: `buf` is not used after this.
-        free(unsafe { ManuallyDrop::take(&mut self.buf) });
+        free(unsafe { ManuallyDrop::take(&mut self.buf) }, self.bytes());
     }
 }
 
