@@ -329,6 +329,30 @@ def test_dump_dir_receives_each_new_program(tmp_path):
     assert "-> (tensor<5xf32>, tensor<1xf32>)" in programs[0], programs[0]  # values are kept flat
 
 
+def test_an_unread_loop_is_cut_into_whole_iterations(tmp_path):
+    """A loop that never reads its values is cut by the size bound where an
+    iteration begins: its parts are one program met again and again (plus
+    the first and the last), with CPU's values."""
+    out = run_script(tmp_path, """
+        import torch, torchtpu
+        torch.manual_seed(0)
+        w, x0 = torch.randn(32, 32) * 0.1, torch.randn(4, 32)
+        def run(device):
+            x, ww, outs = x0.to(device), w.to(device), []
+            for _ in range(300):
+                x = torch.tanh(x @ ww) + 0.5
+                outs.append(x.sum())
+            return torch.stack(outs).cpu()
+        expected = run("cpu")
+        torchtpu.reset_metrics()
+        torch.testing.assert_close(run("tpu"), expected)
+        m = torchtpu.metrics()
+        print(m["compilations"], m["flushes"]["size_limit"], m["fused_replays"])
+    """, TORCHTPU_FUSE_LIMIT="200", TORCHTPU_CACHE_DIR="")
+    compilations, parts, replays = map(int, out.stdout.split())
+    assert parts >= 20 and compilations <= 3 and replays >= parts - 3, out.stdout
+
+
 def test_size_bound_splits_long_traces(tmp_path):
     out = run_script(tmp_path, """
         import torch, torchtpu

@@ -395,6 +395,15 @@ pub fn record(plan: &Arc<Plan>, args: &[Arg], device: usize) -> Result<Vec<Value
     if guard.as_ref().is_some_and(|t| t.device != device && !t.records.is_empty()) {
         flush_locked(&mut guard, Reason::Device)?;
     }
+    // Past half the size bound, a trace ends before the op that began it
+    // comes round again: a loop that never reads its values is cut into
+    // whole iterations, one program met again and again (cut at the bound
+    // itself, each part would start elsewhere in the loop: a new program).
+    if guard.as_ref().is_some_and(|t| {
+        !t.capture && t.nodes > size_limit() / 2 && t.records.first().is_some_and(|r| Arc::ptr_eq(&r.plan, plan))
+    }) {
+        flush_locked(&mut guard, Reason::Size)?;
+    }
     let t = guard.get_or_insert_with(Trace::default);
     t.device = device;
     let first = t.operands.len();
