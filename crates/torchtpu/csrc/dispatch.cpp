@@ -16,6 +16,7 @@
 #include <ATen/ops/view_as_complex_native.h>
 #include <ATen/ops/view_as_real_native.h>
 #include <ATen/ops/view_native.h>
+#include <c10/util/SmallVector.h>
 #include <torch/library.h>
 
 #include <memory>
@@ -117,10 +118,11 @@ const OpEntry& op_entry(const c10::OperatorHandle& op) {
   return *entry;
 }
 
-// Owns the marshalled form of one call's arguments.
+// Owns the marshalled form of one call's arguments (on the stack for a
+// call of a few arguments: no allocation per op).
 struct Marshal {
-  std::vector<TtArg> args;
-  std::vector<TtTensor> tensors;
+  c10::SmallVector<TtArg, 8> args;
+  c10::SmallVector<TtTensor, 8> tensors;
   // Moving a vector keeps its buffer, so TtArgs may point into these.
   std::vector<std::vector<int64_t>> ints;
   std::vector<std::vector<double>> floats;
@@ -240,7 +242,7 @@ void write_result(const at::Tensor& dst, const TtResult& r) {
 
 at::Scalar local_scalar(const at::Tensor& self);
 
-c10::IValue to_return(const c10::Argument& ret, std::vector<at::Tensor>& results, size_t& next) {
+c10::IValue to_return(const c10::Argument& ret, c10::SmallVectorImpl<at::Tensor>& results, size_t& next) {
   const auto& type = ret.type();
   if (type->kind() == c10::TypeKind::TensorType) return results.at(next++);
   if (type->kind() == c10::TypeKind::ListType) {
@@ -290,7 +292,7 @@ void fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   check(status);
   // Owns the result handles until they are wrapped or assigned.
   struct Results {
-    std::vector<TtResult> list;
+    c10::SmallVector<TtResult, 4> list;
     size_t taken = 0;
     ~Results() {
       for (size_t k = taken; k < list.size(); ++k) tt_storage_release(list[k].storage);
@@ -314,10 +316,10 @@ void fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   }
 
   // Mutated arguments (out= or self) receive the results and are returned.
-  std::vector<int> written = entry.outs;
+  c10::SmallVector<int, 4> written(entry.outs.begin(), entry.outs.end());
   if (written.empty() && entry.inplace) written.push_back(0);
   if (!written.empty()) {
-    std::vector<c10::IValue> returns;
+    c10::SmallVector<c10::IValue, 4> returns;
     TORCH_CHECK(results.list.size() >= written.size(), "torchtpu: ", schema.name(), " returned too few results");
     for (size_t k = 0; k < written.size(); ++k) {
       // An output that is also an input (in-place, or out= aliasing an
@@ -340,7 +342,7 @@ void fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     for (auto& r : returns) stack->push_back(std::move(r));
     return;
   }
-  std::vector<at::Tensor> tensors;
+  c10::SmallVector<at::Tensor, 4> tensors;
   tensors.reserve(results.list.size());
   for (const auto& r : results.list) {
     ++results.taken;

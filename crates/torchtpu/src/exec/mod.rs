@@ -157,9 +157,16 @@ pub struct FxHasher(u64);
 
 impl std::hash::Hasher for FxHasher {
     fn write(&mut self, bytes: &[u8]) {
-        for chunk in bytes.chunks(8) {
+        // Whole words read as they are (a key is a run of u64s): copying
+        // each through a buffer of the chunk's length cost a call per word.
+        let mut words = bytes.chunks_exact(8);
+        for word in &mut words {
+            self.write_u64(u64::from_le_bytes(word.try_into().unwrap()));
+        }
+        let rest = words.remainder();
+        if !rest.is_empty() {
             let mut word = [0u8; 8];
-            word[..chunk.len()].copy_from_slice(chunk);
+            word[..rest.len()].copy_from_slice(rest);
             self.write_u64(u64::from_le_bytes(word));
         }
     }
@@ -189,82 +196,86 @@ pub fn signature(id: u64, runtime: impl Fn(usize) -> bool, args: &[Arg]) -> Key 
 /// `signature`, appended to `key`.
 fn write_signature(key: &mut Key, id: u64, runtime: impl Fn(usize) -> bool, args: &[Arg]) {
     key.push(id);
-    let mut storages: Vec<*const Storage> = Vec::new();
-    let mut tensor = |key: &mut Key, t: &Option<Tensor>| {
-        let Some(t) = t else { return key.push(0) };
-        key.extend([
-            1,
-            t.dtype as u64,
-            t.device.map_or(u64::MAX, |d| d as u64),
-            t.wrapped as u64,
-            t.sizes.len() as u64,
-        ]);
-        key.extend(t.sizes.iter().map(|&s| s as u64));
-        if t.device.is_none() {
-            return;
-        }
-        key.extend(t.strides.iter().map(|&s| s as u64));
-        key.push(t.offset as u64);
-        match storage_of(&t) {
-            None => key.push(u64::MAX),
-            Some(s) => {
-                // Aliasing decides the program's parameters: which earlier tensor shares the storage.
-                let p = s as *const Storage;
-                let first = storages.iter().position(|&q| q == p).unwrap_or(storages.len());
-                storages.push(p);
-                key.push(first as u64);
-                key.push(s.nbytes as u64);
-                match s.value() {
-                    None => key.push(u64::MAX - 1),
-                    Some(v) => {
-                        let ty = v.ty();
-                        key.push(ty.dtype as u64);
-                        key.extend(ty.shape.iter().map(|&d| d as u64));
-                        key.push(u64::MAX - 2);
+    // The storages met so far, in a list kept per thread (no allocation per call).
+    thread_local!(static STORAGES: std::cell::RefCell<Vec<*const Storage>> = const { std::cell::RefCell::new(Vec::new()) });
+    STORAGES.with_borrow_mut(|storages| {
+        storages.clear();
+        let mut tensor = |key: &mut Key, t: &Option<Tensor>| {
+            let Some(t) = t else { return key.push(0) };
+            key.extend([
+                1,
+                t.dtype as u64,
+                t.device.map_or(u64::MAX, |d| d as u64),
+                t.wrapped as u64,
+                t.sizes.len() as u64,
+            ]);
+            key.extend(t.sizes.iter().map(|&s| s as u64));
+            if t.device.is_none() {
+                return;
+            }
+            key.extend(t.strides.iter().map(|&s| s as u64));
+            key.push(t.offset as u64);
+            match storage_of(&t) {
+                None => key.push(u64::MAX),
+                Some(s) => {
+                    // Aliasing decides the program's parameters: which earlier tensor shares the storage.
+                    let p = s as *const Storage;
+                    let first = storages.iter().position(|&q| q == p).unwrap_or(storages.len());
+                    storages.push(p);
+                    key.push(first as u64);
+                    key.push(s.nbytes as u64);
+                    match s.value() {
+                        None => key.push(u64::MAX - 1),
+                        Some(v) => {
+                            let ty = v.ty();
+                            key.push(ty.dtype as u64);
+                            key.extend(ty.shape.iter().map(|&d| d as u64));
+                            key.push(u64::MAX - 2);
+                        }
                     }
                 }
             }
-        }
-    };
-    for (i, a) in args.iter().enumerate() {
-        let runtime = runtime(i);
-        // A runtime number's tag alone; a constant's next tag and its bits.
-        let scalar = |key: &mut Key, tag: u64, bits: u64| match runtime {
-            true => key.push(tag),
-            false => key.extend([tag + 1, bits]),
         };
-        match a {
-            Arg::None => key.push(100),
-            Arg::Tensor(t) => tensor(key, &Some(*t)),
-            Arg::Tensors(ts) => {
-                key.extend([102, ts.len() as u64]);
-                for t in ts {
-                    tensor(key, t);
+        for (i, a) in args.iter().enumerate() {
+            let runtime = runtime(i);
+            // A runtime number's tag alone; a constant's next tag and its bits.
+            let scalar = |key: &mut Key, tag: u64, bits: u64| match runtime {
+                true => key.push(tag),
+                false => key.extend([tag + 1, bits]),
+            };
+            match a {
+                Arg::None => key.push(100),
+                Arg::Tensor(t) => tensor(key, &Some(*t)),
+                Arg::Tensors(ts) => {
+                    key.extend([102, ts.len() as u64]);
+                    for t in ts {
+                        tensor(key, t);
+                    }
                 }
+                Arg::Int(v) => scalar(key, 103, *v as u64),
+                Arg::Float(f) => scalar(key, 105, f.to_bits()),
+                Arg::Bool(b) => scalar(key, 107, *b as u64),
+                Arg::Ints(v) => {
+                    key.extend([109, v.len() as u64]);
+                    key.extend(v.iter().map(|&x| x as u64));
+                }
+                Arg::Floats(v) => {
+                    key.extend([110, v.len() as u64]);
+                    key.extend(v.iter().map(|x| x.to_bits()));
+                }
+                Arg::Bools(v) => {
+                    key.extend([111, v.len() as u64]);
+                    key.extend(v.iter().map(|&x| x as u64));
+                }
+                Arg::Str(s) => {
+                    key.extend([112, s.len() as u64]);
+                    key.extend(s.bytes().map(|b| b as u64));
+                }
+                Arg::Seed(_) => key.push(113),
+                Arg::Other => key.push(114),
             }
-            Arg::Int(v) => scalar(key, 103, *v as u64),
-            Arg::Float(f) => scalar(key, 105, f.to_bits()),
-            Arg::Bool(b) => scalar(key, 107, *b as u64),
-            Arg::Ints(v) => {
-                key.extend([109, v.len() as u64]);
-                key.extend(v.iter().map(|&x| x as u64));
-            }
-            Arg::Floats(v) => {
-                key.extend([110, v.len() as u64]);
-                key.extend(v.iter().map(|x| x.to_bits()));
-            }
-            Arg::Bools(v) => {
-                key.extend([111, v.len() as u64]);
-                key.extend(v.iter().map(|&x| x as u64));
-            }
-            Arg::Str(s) => {
-                key.extend([112, s.len() as u64]);
-                key.extend(s.bytes().map(|b| b as u64));
-            }
-            Arg::Seed(_) => key.push(113),
-            Arg::Other => key.push(114),
         }
-    }
+    });
 }
 
 fn build(

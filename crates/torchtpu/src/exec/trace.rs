@@ -693,7 +693,12 @@ fn tape(trace: &Trace, live: &[Arc<Pending>]) -> Vec<u64> {
 }
 
 /// The replay of `tape` whose donations are those of this flush.
-fn replay(trace: &Trace, tape: &[u64], live: &[Arc<Pending>], resolved: &FxMap<usize, usize>) -> Option<(Arc<Replay>, Arc<Program>)> {
+fn replay(
+    trace: &Trace,
+    tape: &[u64],
+    live: &[Arc<Pending>],
+    resolved: &FxMap<usize, usize>,
+) -> Option<(Arc<Replay>, Arc<Program>)> {
     let replays = REPLAYS.lock().unwrap();
     let found = replays.as_ref()?.get(tape)?.iter().find_map(|r| {
         let outputs: Vec<&crate::ir::Ty> = r.outputs.iter().collect();
