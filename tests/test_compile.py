@@ -170,6 +170,30 @@ def test_inputs_sharing_a_storage():
         torch.testing.assert_close(base.cpu(), base_cpu)
 
 
+def test_a_dropped_graph_frees_its_constant_tensors():
+    """A tensor a graph makes (here `torch.tensor(3.0)`) is a constant of its
+    program. Fused mode remembers the steps it met (replays, recompilation
+    explanations), but not what they held: the constant goes with the graph."""
+    import gc
+
+    def device_buffers():
+        gc.collect()
+        torch.tpu.synchronize()
+        m = torchtpu.metrics()
+        return m["live_buffers"] - m["cached_scalars"], m["live_storages"]
+
+    before = device_buffers()
+    layer = torch.nn.Linear(16, 16).to("tpu")
+    compiled = torch.compile(lambda x: layer(x) + torch.tensor(3.0, device=x.device), backend="tpu")
+    x = torch.randn(4, 16, device="tpu")
+    for _ in range(3):  # captured, then replayed
+        y = compiled(x)
+        torch.testing.assert_close(y.cpu(), layer(x).cpu() + 3)
+    del compiled, layer, x, y
+    torch._dynamo.reset()
+    assert device_buffers() == before
+
+
 def test_graph_that_reads_values_runs_op_by_op():
     """A value read on the host inside a graph (captured scalar outputs)
     cannot be one program: the graph runs op by op, reported, and right."""

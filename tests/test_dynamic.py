@@ -266,3 +266,28 @@ def test_windows_reuse_one_program_per_op_in_strict_mode(tmp_path):
         print(json.dumps([torchtpu.metrics()["compilations"] - before, max(errors)]))
     """, TORCHTPU_CACHE_DIR=str(tmp_path), TORCHTPU_MODE="strict")
     assert r[0] <= 5 and r[1] < 1e-4, r
+
+
+def test_data_dependent_sorts_and_the_rest_of_a_budget_compile_per_bucket(tmp_path):
+    """What a detection model's box sampling does: sort the elements a mask
+    keeps (a count read from the device), and take what a fixed budget leaves
+    (`x[n:]`, a size that shrinks as n grows). 13 counts from 37 to 230 share
+    programs by bucket, with CPU's values and nothing refused."""
+    r = run("""
+        import json, torch, torchtpu
+        torch.manual_seed(0)
+        base = torch.randn(256)
+        x = base.to("tpu")
+
+        def f(x, n):
+            kept = x[x > x.sort().values[-n]]
+            top = kept.sort(descending=True)
+            return top.values.sum() + top.indices.float().mean() + (x[n:] * 2).sum()
+
+        errors = []
+        for n in [37, 45, 50, 61, 70, 90, 100, 110, 120, 150, 170, 200, 230]:
+            errors.append(abs(f(x, n).item() - f(base, n).item()))
+        m = torchtpu.metrics()
+        print(json.dumps([m["compilations"], max(errors), m["bucket_refusals"]]))
+    """, TORCHTPU_CACHE_DIR=str(tmp_path))
+    assert r[0] <= 12 and r[1] < 1e-3 and not r[2], r

@@ -171,6 +171,21 @@ impl Formula {
         self.0[1..].iter().any(|&c| c != 0)
     }
 
+    /// Its largest value while each size runs from 1 to its bucket: at a
+    /// corner of that box (it is linear in each size), the bucket where it
+    /// grows, 1 where it shrinks (the negatives left when the positives of a
+    /// fixed budget are taken).
+    fn bound(&self, buckets: &[i64]) -> i64 {
+        let corners = 1usize << buckets.len();
+        (0..corners)
+            .map(|c| {
+                let at: Vec<i64> = (0..buckets.len()).map(|i| if c >> i & 1 == 1 { buckets[i] } else { 1 }).collect();
+                self.at(&at)
+            })
+            .max()
+            .unwrap_or(self.0[0])
+    }
+
     /// Whether it grows faster than `other` in some size.
     fn outgrows(&self, other: &Formula) -> bool {
         (1..4).any(|i| self.0[i] > other.0[i])
@@ -270,11 +285,7 @@ fn fit(samples: &[Vec<i64>]) -> std::result::Result<Fit, &'static str> {
 }
 
 fn finish(sizes: Vec<usize>, formulas: Vec<Option<Formula>>) -> std::result::Result<Fit, &'static str> {
-    let formulas: Vec<Formula> = formulas.into_iter().map(Option::unwrap).collect();
-    if formulas.iter().any(|f| f.0[1..].iter().any(|&c| c < 0)) {
-        return Err("a size that shrinks as another grows");
-    }
-    Ok(Fit { sizes, formulas })
+    Ok(Fit { sizes, formulas: formulas.into_iter().map(Option::unwrap).collect() })
 }
 
 /// Each integer's formula in the sizes at slots `sizes`, where one holds
@@ -527,7 +538,7 @@ impl<'a> Builder<'a> {
     }
 
     fn bound(&self, f: Formula) -> i64 {
-        f.at(&self.buckets)
+        f.bound(&self.buckets)
     }
 
     /// Node `v`'s type with its bounds; `dynamic` marks which dimensions are.
@@ -593,6 +604,7 @@ impl<'a> Builder<'a> {
         let operand = self.g.nodes[v].args[0];
         args[0] = self.static_(args[0]);
         let (mut limit, mut starts, mut moving) = (limit.to_vec(), Vec::new(), false);
+        let mut room = vec![0; limit.len()];
         for d in 0..limit.len() {
             let [fs, fl, ft] = [0, 1, 2].map(|f| self.slice[&(v, f, d)]);
             let (od, size) = (self.dims[operand][d], self.dims[v][d]);
@@ -604,9 +616,10 @@ impl<'a> Builder<'a> {
             let sized = size.changes() || od.changes();
             if fs.changes() {
                 moving = true;
-                if sized && self.bound(fs) + self.bound(size) > self.bound(od) {
-                    return None; // XLA would clamp the start
-                }
+                // XLA clamps a start whose window passes the operand's end:
+                // there the operand gets room after it (a tail of a fixed
+                // budget, `x[n:]`, whose bound is taken at the smallest n).
+                room[d] = if sized { (self.bound(fs) + self.bound(size) - self.bound(od)).max(0) } else { 0 };
             } else if fl.changes() && ((od.changes() && fl.outgrows(&od)) || self.bound(fl) > self.bound(od)) {
                 return None;
             }
@@ -618,6 +631,12 @@ impl<'a> Builder<'a> {
             return Some(self.out.push(op, args, self.ty(v, 0)));
         }
         let mut operands = args;
+        if room.iter().any(|&r| r > 0) {
+            let dtype = self.out.ty(operands[0]).dtype;
+            let zero = self.out.full(0.0, dtype, &[]);
+            let low = vec![0; room.len()];
+            operands[0] = self.out.pad(operands[0], zero, &low, &room, &low);
+        }
         for f in starts {
             operands.push(self.size(f));
         }
@@ -635,11 +654,13 @@ impl<'a> Builder<'a> {
         let operand = self.g.nodes[v].args[0];
         let bounds = self.ty(v, 0);
         let x = self.static_(x);
-        if self.keeps_layout(operand, v) {
+        // Bounds of a size that shrinks are taken where it is largest, so a
+        // product's bound may differ from its factors' (then gathered too).
+        let layout = self.ty(operand, 0).shape;
+        if self.keeps_layout(operand, v) && layout.iter().product::<i64>() == bounds.numel() {
             return self.out.push(Op::Reshape, vec![x], bounds);
         }
         let (from, to) = (self.dims[operand].clone(), self.dims[v].clone());
-        let layout = self.ty(operand, 0).shape;
         let flat = self.out.reshape(x, &[layout.iter().product()]);
         let positions = Ty::new(DType::I32, &bounds.shape);
         let mut at = self.out.full(0.0, DType::I32, &bounds.shape);
@@ -734,6 +755,27 @@ impl<'a> Builder<'a> {
         x
     }
 
+    /// Node `v`, a sort, of static arrays: along a changing size, a first
+    /// key puts the padding after the real elements (a stable sort keeps
+    /// their order otherwise); along a fixed one, padded rows sort among
+    /// themselves.
+    fn sort(&mut self, v: V, args: Vec<V>, dim: i64, descending: bool, keys: usize, result: usize) -> V {
+        let mut operands: Vec<V> = args.into_iter().map(|a| self.static_(a)).collect();
+        let (mut keys, mut result) = (keys, result);
+        let size = self.dims[v][dim as usize];
+        let bounds = self.ty(v, 0);
+        if size.changes() {
+            let iota = self.out.iota(DType::I32, &bounds.shape, dim as usize);
+            let n = self.size(size);
+            let n = self.out.broadcast_in_dim(n, &bounds.shape, &[]);
+            // Real elements: false ascending (before true), true descending.
+            let key = self.out.compare(if descending { "LT" } else { "GE" }, iota, n);
+            operands.insert(0, key);
+            (keys, result) = (keys + 1, result + 1);
+        }
+        self.out.push(Op::Sort { dim, descending, keys, result }, operands, bounds)
+    }
+
     /// A concatenation's operands, each with a bounded type if any is: the
     /// StableHLO verifier aborts the process on a static first operand
     /// followed by a bounded one. A static operand gets its own size.
@@ -772,7 +814,7 @@ impl<'a> Builder<'a> {
                     let shape = padded[n].unwrap_or_default();
                     let larger = shape.len() == bounds.rank() && shape.iter().zip(&bounds.shape).all(|(a, b)| a >= b);
                     let next: Vec<i64> = self.buckets.iter().map(|b| b + 1).collect();
-                    let grown: Vec<i64> = self.dims[v].iter().map(|f| f.at(&next)).collect();
+                    let grown: Vec<i64> = self.dims[v].iter().map(|f| f.bound(&next)).collect();
                     let ty = Ty::new(bounds.dtype, if larger { shape } else { &grown });
                     let cut = ty.shape != bounds.shape;
                     self.out.params[n] = ty.clone();
@@ -839,6 +881,10 @@ impl<'a> Builder<'a> {
                     self.out.push(node.op.clone(), args, self.ty(v, want))
                 }
                 Op::ArgReduce { .. } => self.out.push(node.op.clone(), args, self.ty(v, want)),
+                &Op::Sort { dim, descending, keys, result } => {
+                    let x = self.sort(v, args, dim, descending, keys, result);
+                    self.set_sizes(x, v, want)
+                }
                 // Indices within the real size are the lowerings' to check
                 // (against a count computed from `s`), as without padding.
                 Op::Take { .. } => {
@@ -874,7 +920,6 @@ impl<'a> Builder<'a> {
 fn op_name(op: &Op) -> &'static str {
     match op {
         Op::Put { .. } => "a scatter along a changing size",
-        Op::Sort { .. } => "a sort along a changing size",
         Op::Pad { .. } => "a pad of a changing size",
         Op::Reverse(_) => "a reverse along a changing size",
         Op::Convolution(..) => "a convolution over a changing size",

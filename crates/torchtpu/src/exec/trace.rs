@@ -664,8 +664,10 @@ fn donors(
 /// graph; any difference (another op, another operand, a value kept or
 /// dropped, other donations) misses and lowers the trace as it is.
 struct Replay {
-    /// The ops' plans, held so that their addresses in the tape stay theirs.
-    _plans: Vec<Arc<Plan>>,
+    /// The ops' plans, weakly: their addresses in the tape stay theirs (a
+    /// weak reference keeps the allocation) while what a dropped plan holds
+    /// (a compiled graph's constant tensors) is freed with it.
+    _plans: Vec<Weak<Plan>>,
     program: Weak<Program>,
     params: Vec<usize>,
     sources: Vec<Source>,
@@ -711,7 +713,7 @@ fn replay(
 fn remember(tape: Vec<u64>, trace: &Trace, lowered: &Lowered, program: &Arc<Program>) {
     let g = &lowered.graph;
     let replay = Arc::new(Replay {
-        _plans: trace.records.iter().map(|r| r.plan.clone()).collect(),
+        _plans: trace.records.iter().map(|r| Arc::downgrade(&r.plan)).collect(),
         program: Arc::downgrade(program),
         params: lowered.params.clone(),
         sources: lowered.sources.clone(),
@@ -746,7 +748,9 @@ struct Programs {
     /// the same graphs again at each call, and building a bucket's graph
     /// only to find its program costs as much as recording the step.
     launches: FxMap<((u64, u64), Vec<Option<Vec<i64>>>), (Weak<Program>, Arc<bounded::Launch>)>,
-    history: Vec<Vec<(Arc<Plan>, Option<String>)>>,
+    /// Weakly: what a dropped plan holds (a compiled graph's constant
+    /// tensors) goes with it.
+    history: Vec<Vec<(Weak<Plan>, Option<String>)>>,
 }
 
 static PROGRAMS: Mutex<Option<Programs>> = Mutex::new(None);
@@ -835,8 +839,8 @@ fn program(trace: &Trace, g: &Graph, params: &[usize]) -> Result<(Arc<Program>, 
         return Ok((p, None));
     }
     bump(&METRICS.fused_misses);
-    let ops: Vec<(Arc<Plan>, Option<String>)> =
-        trace.records.iter().map(|r| (r.plan.clone(), r.source.clone())).collect();
+    let ops: Vec<(Weak<Plan>, Option<String>)> =
+        trace.records.iter().map(|r| (Arc::downgrade(&r.plan), r.source.clone())).collect();
     if !programs.history.is_empty() {
         let why = explain(&ops, &programs.history);
         let mut reasons = METRICS.recompile_reasons.lock().unwrap();
@@ -860,9 +864,10 @@ fn program(trace: &Trace, g: &Graph, params: &[usize]) -> Result<(Arc<Program>, 
 
 /// Why `ops` missed the cache: its first difference from the nearest
 /// program compiled before (the one sharing the longest prefix of ops).
-fn explain(ops: &[(Arc<Plan>, Option<String>)], history: &[Vec<(Arc<Plan>, Option<String>)>]) -> String {
+fn explain(ops: &[(Weak<Plan>, Option<String>)], history: &[Vec<(Weak<Plan>, Option<String>)>]) -> String {
     let prefix =
-        |h: &[(Arc<Plan>, Option<String>)]| ops.iter().zip(h).take_while(|(a, b)| Arc::ptr_eq(&a.0, &b.0)).count();
+        |h: &[(Weak<Plan>, Option<String>)]| ops.iter().zip(h).take_while(|(a, b)| Weak::ptr_eq(&a.0, &b.0)).count();
+    let describe = |p: &Weak<Plan>| p.upgrade().map_or_else(|| "an op since freed".to_string(), |p| p.describe());
     let nearest = history.iter().max_by_key(|h| prefix(h)).expect("a compiled program");
     let i = prefix(nearest);
     let at = |src: &Option<String>| {
@@ -871,17 +876,17 @@ fn explain(ops: &[(Arc<Plan>, Option<String>)], history: &[Vec<(Arc<Plan>, Optio
     match (ops.get(i), nearest.get(i)) {
         (Some((mine, src)), Some((theirs, _))) => format!(
             "op {i} differs from the nearest cached program: {} here, {} there; recorded{}",
-            mine.describe(),
-            theirs.describe(),
+            describe(mine),
+            describe(theirs),
             at(src)
         ),
         (Some((mine, src)), None) => format!(
             "the nearest cached program ends after {i} ops; this one goes on with {}{}",
-            mine.describe(),
+            describe(mine),
             at(src)
         ),
         (None, Some((theirs, _))) => {
-            format!("this trace ends after {i} ops; the nearest cached program goes on with {}", theirs.describe())
+            format!("this trace ends after {i} ops; the nearest cached program goes on with {}", describe(theirs))
         }
         (None, None) => format!(
             "same {i} ops as a cached program, but other values are still alive, aliased or donated \
