@@ -710,7 +710,7 @@ fn replay(
     found
 }
 
-fn remember(tape: Vec<u64>, trace: &Trace, lowered: &Lowered, program: &Arc<Program>) {
+fn remember(tape: Vec<u64>, trace: &Trace, lowered: &Lowered, outputs: &[crate::ir::Ty], program: &Arc<Program>) {
     let g = &lowered.graph;
     let replay = Arc::new(Replay {
         _plans: trace.records.iter().map(|r| Arc::downgrade(&r.plan)).collect(),
@@ -719,7 +719,7 @@ fn remember(tape: Vec<u64>, trace: &Trace, lowered: &Lowered, program: &Arc<Prog
         sources: lowered.sources.clone(),
         checks: lowered.checks.clone(),
         donors: g.donors.clone(),
-        outputs: g.outputs.iter().map(|&v| g.ty(v).clone()).collect(),
+        outputs: outputs.to_vec(),
         nodes: g.nodes.len(),
     });
     let mut replays = REPLAYS.lock().unwrap();
@@ -910,24 +910,29 @@ fn run(mut trace: Trace, live: &[Arc<Pending>]) -> Result<()> {
     }
     let lowered = lower_trace(&mut trace, live, &resolved);
     if lowered.graph.outputs.is_empty() {
-        for (p, s) in live.iter().zip(&lowered.sources) {
-            if let Source::Param(n) = s {
-                let _ = p.result.set(Ok(trace.buffer(*n).clone()));
-            }
-        }
+        pass_through(&trace, live, &lowered.sources);
         return Ok(());
     }
     let (program, launched) = program(&trace, &lowered.graph, &lowered.params)?;
-    if let (Some(tape), None) = (tape, &launched) {
-        remember(tape, &trace, &lowered, &program);
-    }
     let g = &lowered.graph;
     let tys: Vec<crate::ir::Ty> = g.outputs.iter().map(|&v| g.ty(v).clone()).collect();
+    if let (Some(tape), None) = (tape, &launched) {
+        remember(tape, &trace, &lowered, &tys, &program);
+    }
     let outputs = match &launched {
         Some(l) => Outputs { tys: &tys, donors: &l.donors, nodes: l.nodes },
         None => Outputs { tys: &tys, donors: &g.donors, nodes: g.nodes.len() },
     };
     launch(&trace, live, &lowered.params, &lowered.sources, lowered.checks, outputs, &program, launched.as_ref())
+}
+
+/// Live values the program only passes through: their parameters' buffers.
+fn pass_through(trace: &Trace, live: &[Arc<Pending>], sources: &[Source]) {
+    for (p, s) in live.iter().zip(sources) {
+        if let Source::Param(n) = s {
+            let _ = p.result.set(Ok(trace.buffer(*n).clone()));
+        }
+    }
 }
 
 /// A program's outputs: their types, what each parameter is donated to,
@@ -951,11 +956,7 @@ fn launch(
     program: &Program,
     bucket: Option<&Arc<bounded::Launch>>,
 ) -> Result<()> {
-    for (p, s) in live.iter().zip(sources) {
-        if let Source::Param(n) = s {
-            let _ = p.result.set(Ok(trace.buffer(*n).clone()));
-        }
-    }
+    pass_through(trace, live, sources);
     let rt = runtime::get()?;
     // Inputs in the shapes the program takes: its bucket's, or exact.
     let mut inputs: Vec<Arc<DeviceBuffer>> = Vec::with_capacity(params.len() + 1);
