@@ -776,6 +776,26 @@ impl<'a> Builder<'a> {
         self.out.push(Op::Sort { dim, descending, keys, result }, operands, bounds)
     }
 
+    /// Node `v`, a concatenation. XLA lays the real elements out one after
+    /// another in the sum of the operands' bounds; where a size that shrinks
+    /// makes the result's bound smaller than that sum (what is left of a
+    /// fixed budget joined to what was taken), the result is cut to it.
+    fn concatenate(&mut self, v: V, args: Vec<V>, axis: usize, want: u64) -> V {
+        let args = self.bounded_operands(args, axis);
+        let ty = self.ty(v, want);
+        let sum: i64 = args.iter().map(|&a| self.out.ty(a).shape[axis]).sum();
+        if sum == ty.shape[axis] {
+            return self.out.push(Op::Concatenate(axis as i64), args, ty);
+        }
+        let mut wide = ty.clone();
+        wide.shape[axis] = sum;
+        let x = self.out.push(Op::Concatenate(axis as i64), args, wide);
+        let x = self.static_(x);
+        let (start, stride) = (vec![0; ty.rank()], vec![1; ty.rank()]);
+        let x = self.out.push(Op::Slice { start, limit: ty.shape.clone(), stride }, vec![x], self.ty(v, 0));
+        self.set_sizes(x, v, want)
+    }
+
     /// A concatenation's operands, each with a bounded type if any is: the
     /// StableHLO verifier aborts the process on a static first operand
     /// followed by a bounded one. A static operand gets its own size.
@@ -869,10 +889,7 @@ impl<'a> Builder<'a> {
                 Op::BitcastConvert if node.ty.rank() == g.ty(node.args[0]).rank() => {
                     self.out.push(node.op.clone(), args, self.ty(v, want))
                 }
-                &Op::Concatenate(axis) => {
-                    let args = self.bounded_operands(args, axis as usize);
-                    self.out.push(node.op.clone(), args, self.ty(v, want))
-                }
+                &Op::Concatenate(axis) => self.concatenate(v, args, axis as usize, want),
                 // Padding goes right after the real elements (checked).
                 Op::Pad { low, high, interior }
                     if (0..low.len())
