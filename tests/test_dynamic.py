@@ -271,21 +271,22 @@ def test_windows_reuse_one_program_per_op_in_strict_mode(tmp_path):
 def test_data_dependent_sorts_and_the_rest_of_a_budget_compile_per_bucket(tmp_path):
     """What a detection model's box sampling does: sort the elements a mask
     keeps (a count read from the device), and take what a fixed budget leaves
-    (`x[n:]`, a size that shrinks as n grows), joined to what was taken. 13
-    counts from 37 to 230 share
+    (`x[n:]`, a size that shrinks as n grows), joined to what was taken; a
+    prefix whose bucket passes the table's end. 13 counts from 37 to 230 share
     programs by bucket, with CPU's values and nothing refused."""
     r = run("""
         import json, torch, torchtpu
         torch.manual_seed(0)
-        base = torch.randn(256, 4)
+        base = torch.randn(240, 4)
         x = base.to("tpu")
 
         def f(x, n):
             scores = x[:, 0]
             kept = x[scores > scores.sort().values[-n]]  # n rows
             top = kept[:, 1].sort(descending=True)
-            both = torch.cat([x[n:] * 2, kept]).reshape(-1)  # 256 - n rows, then n
-            return both.sum() + both[-5:].sum() + top.values[:3].sum() + top.indices.float().mean()
+            both = torch.cat([x[n:] * 2, kept]).reshape(-1)  # 240 - n rows, then n
+            prefix = x[:n, 2]  # n rows of 240: its bucket (256) passes the end
+            return both.sum() + both[-5:].sum() + top.values[:3].sum() + top.indices.float().mean() + prefix.sum()
 
         errors = []
         for n in [37, 45, 50, 61, 70, 90, 100, 110, 120, 150, 170, 200, 230]:

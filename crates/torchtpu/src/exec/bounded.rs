@@ -185,11 +185,6 @@ impl Formula {
             .max()
             .unwrap_or(self.0[0])
     }
-
-    /// Whether it grows faster than `other` in some size.
-    fn outgrows(&self, other: &Formula) -> bool {
-        (1..4).any(|i| self.0[i] > other.0[i])
-    }
 }
 
 /// Which integers of a structure are its changing sizes, and each
@@ -613,30 +608,33 @@ impl<'a> Builder<'a> {
             }
             // The real start and limit fit the operand (the trace was built
             // from them); a bucket's bounds must fit too where a size changes.
+            // A window whose bound passes the operand's end (XLA would clamp
+            // a moving start; a static limit would not fit) gets room after
+            // the operand: a tail of a fixed budget, `x[n:]`, bounded at the
+            // smallest n; a prefix `x[:n]` whose bucket passes a fixed size.
             let sized = size.changes() || od.changes();
             if fs.changes() {
                 moving = true;
-                // XLA clamps a start whose window passes the operand's end:
-                // there the operand gets room after it (a tail of a fixed
-                // budget, `x[n:]`, whose bound is taken at the smallest n).
-                room[d] = if sized { (self.bound(fs) + self.bound(size) - self.bound(od)).max(0) } else { 0 };
-            } else if fl.changes() && ((od.changes() && fl.outgrows(&od)) || self.bound(fl) > self.bound(od)) {
-                return None;
+                if sized {
+                    room[d] = (self.bound(fs) + self.bound(size) - self.bound(od)).max(0);
+                }
+            } else if fl.changes() {
+                room[d] = (self.bound(fl) - self.bound(od)).max(0);
             }
             limit[d] = self.bound(fl);
             starts.push(fs);
+        }
+        if room.iter().any(|&r| r > 0) {
+            let dtype = self.out.ty(args[0]).dtype;
+            let zero = self.out.full(0.0, dtype, &[]);
+            let low = vec![0; room.len()];
+            args[0] = self.out.pad(args[0], zero, &low, &room, &low);
         }
         if !moving {
             let op = Op::Slice { start: start.to_vec(), limit, stride: stride.to_vec() };
             return Some(self.out.push(op, args, self.ty(v, 0)));
         }
         let mut operands = args;
-        if room.iter().any(|&r| r > 0) {
-            let dtype = self.out.ty(operands[0]).dtype;
-            let zero = self.out.full(0.0, dtype, &[]);
-            let low = vec![0; room.len()];
-            operands[0] = self.out.pad(operands[0], zero, &low, &room, &low);
-        }
         for f in starts {
             operands.push(self.size(f));
         }
