@@ -272,7 +272,8 @@ def test_data_dependent_sorts_and_the_rest_of_a_budget_compile_per_bucket(tmp_pa
     """What a detection model's box sampling does: sort the elements a mask
     keeps (a count read from the device), and take what a fixed budget leaves
     (`x[n:]`, a size that shrinks as n grows), joined to what was taken; a
-    prefix whose bucket passes the table's end. 13 counts from 37 to 230 share
+    prefix whose bucket passes the table's end; scatters into the rows kept.
+    13 counts from 37 to 230 share
     programs by bucket, with CPU's values and nothing refused."""
     r = run("""
         import json, torch, torchtpu
@@ -286,7 +287,12 @@ def test_data_dependent_sorts_and_the_rest_of_a_budget_compile_per_bucket(tmp_pa
             top = kept[:, 1].sort(descending=True)
             both = torch.cat([x[n:] * 2, kept]).reshape(-1)  # 240 - n rows, then n
             prefix = x[:n, 2]  # n rows of 240: its bucket (256) passes the end
-            return both.sum() + both[-5:].sum() + top.values[:3].sum() + top.indices.float().mean() + prefix.sum()
+            picked = torch.arange(kept.shape[0], device=x.device) * 7 % kept.shape[0]  # scatters into the n rows
+            kept = kept.index_add(0, picked, kept * 0.5)
+            labels = torch.zeros(kept.shape[0], dtype=torch.long, device=x.device)
+            labels[picked] = picked % 3
+            return (both.sum() + both[-5:].sum() + top.values[:3].sum() + top.indices.float().mean() + prefix.sum()
+                    + kept.sum() + labels.sum())
 
         errors = []
         for n in [37, 45, 50, 61, 70, 90, 100, 110, 120, 150, 170, 200, 230]:

@@ -907,11 +907,16 @@ impl<'a> Builder<'a> {
                     let x = self.out.push(node.op.clone(), args, self.ty(v, 0));
                     self.set_sizes(x, v, want)
                 }
-                // XLA drops the padding's updates (checked); the target
-                // itself must not change along the axis.
-                &Op::Put { axis, .. } if !self.dims[node.args[0]][axis as usize].changes() => {
-                    self.out.push(node.op.clone(), args, self.ty(v, want))
+                // XLA drops the padding's updates (checked). A target that
+                // changes along the axis is taken as its static array:
+                // indices within the real size (the lowerings' checks) leave
+                // its padding alone.
+                &Op::Put { axis, .. } if self.dims[node.args[0]][axis as usize].changes() => {
+                    let args = vec![self.static_(args[0]), args[1], args[2]];
+                    let x = self.out.push(node.op.clone(), args, self.ty(v, 0));
+                    self.set_sizes(x, v, want)
                 }
+                Op::Put { .. } => self.out.push(node.op.clone(), args, self.ty(v, want)),
                 op if !any => self.out.push(op.clone(), args, node.ty.clone()),
                 op => return refuse(op_name(op)),
             };
@@ -934,7 +939,6 @@ impl<'a> Builder<'a> {
 
 fn op_name(op: &Op) -> &'static str {
     match op {
-        Op::Put { .. } => "a scatter along a changing size",
         Op::Pad { .. } => "a pad of a changing size",
         Op::Reverse(_) => "a reverse along a changing size",
         Op::Convolution(..) => "a convolution over a changing size",
