@@ -9,9 +9,13 @@ by side in one run:
   without buckets, vs one whose length stays at 64, all on tpu fused;
 - windows: a language-model tutorial's epochs (an LSTM trained on
   `source[i:i+35]` at every i, the last window shorter), seconds per epoch
-  and compilations, tpu fused (with and without buckets) vs CPU eager.
+  and compilations, tpu fused (with and without buckets) vs CPU eager;
+- detection: torchvision's `fasterrcnn_mobilenet_v3_large_fpn` training
+  steps (2 images of 128x128; proposal and sample counts read from the
+  device every step), seconds and compilations per step, tpu fused (with
+  and without buckets) vs CPU eager.
 
-    python bench/dynamic.py [generation|training|windows ...]
+    python bench/dynamic.py [generation|training|windows|detection ...]
 
 Each tpu figure comes from a fresh process (the setting is read at start).
 """
@@ -138,6 +142,36 @@ def _windows(device, epochs=2):
     return dict(seconds=seconds, compilations=torchtpu.metrics()["compilations"] if device == "tpu" else 0)
 
 
+def _detection(device, steps):
+    import torch
+    from torchvision.models.detection import fasterrcnn_mobilenet_v3_large_fpn
+
+    if device == "tpu":
+        import torchtpu
+    compilations = (lambda: torchtpu.metrics()["compilations"]) if device == "tpu" else (lambda: 0)
+    torch.manual_seed(0)
+    model = fasterrcnn_mobilenet_v3_large_fpn(weights=None, weights_backbone=None, num_classes=3,
+                                              min_size=128, max_size=128).train().to(device)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    g = torch.Generator().manual_seed(1)
+    images = [torch.rand(3, 128, 128, generator=g).to(device) for _ in range(2)]
+    targets = [dict(boxes=torch.tensor([[10., 20., 60., 90.], [30., 30., 100., 110.]]), labels=torch.tensor([1, 2])),
+               dict(boxes=torch.tensor([[5., 5., 50., 40.]]), labels=torch.tensor([2]))]
+    targets = [{k: v.to(device) for k, v in t.items()} for t in targets]
+    seconds, compiled, losses = [], [], []
+    for step in range(steps):
+        start, before = time.perf_counter(), compilations()
+        torch.manual_seed(100 + step)
+        loss = sum(model(images, targets).values())
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+        seconds.append(time.perf_counter() - start)
+        compiled.append(compilations() - before)
+    return {"seconds": seconds, "compilations": compiled, "losses": losses}
+
+
 def _child(what, *args, dynamic="1"):
     env = dict(os.environ, TORCHTPU_DYNAMIC=dynamic, TORCHTPU_CACHE_DIR="")
     code = f"import sys, json; sys.path.insert(0, {os.path.dirname(__file__)!r}); import dynamic; " \
@@ -154,6 +188,22 @@ def main():
         training()
     if "windows" in parts:
         windows()
+    if "detection" in parts:
+        detection()
+
+
+def detection(steps=10):
+    cpu = _detection("cpu", steps)
+    print(f"detection (fasterrcnn_mobilenet_v3_large_fpn, 2 images 128x128, training), seconds per step 1-{steps}:")
+    print("  cpu eager              " + " ".join(f"{s:5.1f}" for s in cpu["seconds"]))
+    for name, dynamic in [("tpu fused, buckets", "1"), ("tpu fused, no buckets", "0")]:
+        r = _child("_detection", "tpu", steps, dynamic=dynamic)
+        print(f"  {name:22s} " + " ".join(f"{s:5.1f}" for s in r["seconds"]))
+        print(f"  {'  compilations':22s} " + " ".join(f"{c:5d}" for c in r["compilations"]))
+        last = slice(steps // 2, None)
+        print(f"  {'':22s} second half: {sum(r['seconds'][last]) / sum(cpu['seconds'][last]):.2f}x cpu's time; "
+              f"losses {' '.join(f'{x:.5f}' for x in r['losses'][-3:])} (cpu {' '.join(f'{x:.5f}' for x in cpu['losses'][-3:])},"
+              f" another random stream)")
 
 
 def windows():

@@ -877,6 +877,14 @@ impl<'a> Builder<'a> {
                     let x = self.reshape(v, args[0]);
                     self.set_sizes(x, v, want)
                 }
+                // `x == x` of integers along a changing size: XLA folds it
+                // into a constant of the bounded shape and aborts the process
+                // (a median's NaN count); the same constant, sized here.
+                Op::Compare(_) if node.args[0] == node.args[1] && !g.ty(node.args[0]).dtype.has_float_values() => {
+                    let same = matches!(node.op, Op::Compare("EQ" | "LE" | "GE"));
+                    let x = self.out.push(Op::Const(same as i64), vec![], self.ty(v, 0));
+                    self.set_sizes(x, v, want)
+                }
                 Op::Elementwise(_)
                 | Op::Compare(_)
                 | Op::Select
