@@ -789,8 +789,7 @@ impl<'a> Builder<'a> {
         wide.shape[axis] = sum;
         let x = self.out.push(Op::Concatenate(axis as i64), args, wide);
         let x = self.static_(x);
-        let (start, stride) = (vec![0; ty.rank()], vec![1; ty.rank()]);
-        let x = self.out.push(Op::Slice { start, limit: ty.shape.clone(), stride }, vec![x], self.ty(v, 0));
+        let x = self.out.slice_dim(x, axis, 0, ty.shape[axis], 1);
         self.set_sizes(x, v, want)
     }
 
