@@ -7,6 +7,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 
 def run(script, **env):
     env = {**os.environ, "TORCHTPU_MODE": "fused", **env}
@@ -252,20 +254,56 @@ def test_windows_and_prefixes_compile_a_bounded_number_of_programs(tmp_path):
     assert close(r["lm"], r["lm_cpu"]) and r["lm_compilations"] <= 3, r
 
 
-def test_windows_reuse_one_program_per_op_in_strict_mode(tmp_path):
+def test_windows_and_prefixes_in_strict_mode_reuse_one_program_per_op_and_bucket(tmp_path):
     """Strict mode: an op whose plans differ only in an offset runs one
-    program (the offset an input) from the second offset on."""
+    program (the offset an input) from the second offset on; one whose size
+    changes (`x + pe[:L]`, 40 lengths) runs its bucket's program."""
+    r = run(WINDOWS, TORCHTPU_CACHE_DIR=str(tmp_path), TORCHTPU_MODE="strict")
+    assert r["windows"][0] <= 5 and r["windows"][1] < 1e-4, r
+    assert r["prefixes"][0] <= 8 and r["prefixes"][1] == 0, r
+
+
+@pytest.mark.parametrize("mode", ["fused", "strict"])
+def test_data_dependent_counts_compile_per_bucket(tmp_path, mode):
+    """`nonzero`, `masked_select` and a boolean mask's rows over 10 counts
+    (3..39: 5 buckets), the count read from the device: programs per bucket,
+    not per count (the first count compiles as it is: one sample does not
+    show what changes), CPU's values; 10 new counts in the same buckets
+    compile nothing."""
     r = run("""
         import json, torch, torchtpu
-        source, w = torch.randn(2030, 20), torch.randn(20, 8)
-        on_tpu, w_tpu = source.to("tpu"), w.to("tpu")
-        before, errors = torchtpu.metrics()["compilations"], []
-        for i in range(0, 60 * 33, 33):
-            got = (on_tpu[i:i + 35] @ w_tpu).tanh().sum(0)
-            errors.append((got.cpu() - (source[i:i + 35] @ w).tanh().sum(0)).abs().max().item())
-        print(json.dumps([torchtpu.metrics()["compilations"] - before, max(errors)]))
-    """, TORCHTPU_CACHE_DIR=str(tmp_path), TORCHTPU_MODE="strict")
-    assert r[0] <= 5 and r[1] < 1e-4, r
+        torch.manual_seed(0)
+        base = torch.randn(64, 3)
+        x = base.to("tpu")
+
+        def compilations():
+            return torchtpu.metrics()["compilations"]
+
+        def f(x, n):
+            keep = torch.arange(64, device=x.device) < n
+            return (torch.nonzero(keep).float().sum() + torch.masked_select(x[:, 0], keep).sum()
+                    + (x[keep] * 2).mean(0).sum())
+
+        def nonzero(x, n):
+            return torch.nonzero(torch.arange(64, device=x.device) < n).float().sum()
+
+        r, errors = {}, []
+        for name, fn in (("nonzero", nonzero), ("all", f)):
+            before = compilations()
+            for n in range(3, 43, 4):
+                errors.append(abs(fn(x, n).item() - fn(base, n).item()))
+            r[name] = compilations() - before
+        before = compilations()
+        for n in range(8, 44, 4):
+            errors.append(abs(f(x, n).item() - f(base, n).item()))
+        r["again"], r["error"], r["refusals"] = compilations() - before, max(errors), torchtpu.metrics()["bucket_refusals"]
+        print(json.dumps(r))
+    """, TORCHTPU_CACHE_DIR=str(tmp_path), TORCHTPU_MODE=mode)
+    # nonzero, its float and its sum: one program a step in fused mode,
+    # three in strict, each compiled for the first count and each bucket.
+    per_step = 1 if mode == "fused" else 3
+    assert r["nonzero"] <= 2 + 6 * per_step and r["all"] <= 8 * 6 and r["again"] == 0, r
+    assert r["error"] < 1e-4 and not r["refusals"], r
 
 
 def test_data_dependent_sorts_and_the_rest_of_a_budget_compile_per_bucket(tmp_path):

@@ -127,6 +127,8 @@ pub struct Bucketed {
     pub sizes: Vec<i64>,
     /// Each output's buffer shape where it is padded.
     pub padded: Vec<Option<Vec<i64>>>,
+    /// Whether a slice of an operand of fixed size moves or resizes.
+    pub window: bool,
 }
 
 /// What launching a bucket's program for one graph takes, its graph gone.
@@ -392,18 +394,22 @@ fn generalize_with(g: &Graph, padded: &[Option<&[i64]>], persist: bool) -> Optio
     Some(Bucketed { sizes, ..built })
 }
 
-/// `g` generalized where its family's fit moves integers but changes no
-/// dimension (a slice's offset, a constant): static shapes, the moving
-/// values computed from the sizes passed after its parameters. What a
-/// per-op program (strict, debug) takes, whose outputs cannot be padded.
-/// Its fits are not saved: a later run of a script meets its plans in the
-/// same order, fits them at the same points and so finds every program its
-/// first run compiled (a saved fit would generalize plans that run compiled
-/// as they were, or with an earlier fit).
-pub fn moving(g: &Graph) -> Option<Bucketed> {
-    let b = generalize_with(g, &vec![None; g.params.len()], false)?;
-    let fixed = b.graph.nodes.iter().all(|n| n.ty.dynamic == 0) && b.graph.params.iter().all(|t| t.dynamic == 0);
-    (fixed && b.padded.iter().all(Option::is_none)).then_some(b)
+/// `generalize` for a per-op program (strict, debug). Its fits are not
+/// saved: a later run of a script meets its plans in the same order, fits
+/// them at the same points and so finds every program its first run
+/// compiled (a saved fit would generalize plans that run compiled as they
+/// were, or with an earlier fit).
+/// Only where its sizes change as a step's sizes do: a count it measured
+/// on the device (`measured`), a slice of a tensor of fixed size that moves
+/// or resizes (a window, a prefix `pe[:L]`), inputs padded by an earlier
+/// bucket, or offsets alone. Elsewhere a changing size is most often the
+/// same op at another static shape (a layer's weights of another size,
+/// `zeros` of each parameter's): each recurs at every step, and its bucket
+/// would pad every value it makes.
+pub fn per_op(g: &Graph, padded: &[Option<&[i64]>], measured: bool) -> Option<Bucketed> {
+    let b = generalize_with(g, padded, false)?;
+    let offsets = b.padded.iter().all(Option::is_none) && b.graph.nodes.iter().all(|n| n.ty.dynamic == 0);
+    (offsets || measured || b.window || padded.iter().any(Option::is_some)).then_some(b)
 }
 
 /// Most programs `sweep` builds for one structure (two changing sizes up to
@@ -782,14 +788,19 @@ impl<'a> Builder<'a> {
         let args = self.bounded_operands(args, axis);
         let ty = self.ty(v, want);
         let sum: i64 = args.iter().map(|&a| self.out.ty(a).shape[axis]).sum();
-        if sum == ty.shape[axis] {
-            return self.out.push(Op::Concatenate(axis as i64), args, ty);
-        }
+        // Bounded operands make a bounded result, whatever its real size:
+        // one of fixed size (a window written into a tensor) is made static.
         let mut wide = ty.clone();
         wide.shape[axis] = sum;
+        wide.dynamic |= args.iter().fold(0, |m, &a| m | self.out.ty(a).dynamic) & 1 << axis;
+        if wide == ty {
+            return self.out.push(Op::Concatenate(axis as i64), args, ty);
+        }
         let x = self.out.push(Op::Concatenate(axis as i64), args, wide);
-        let x = self.static_(x);
-        let x = self.out.slice_dim(x, axis, 0, ty.shape[axis], 1);
+        let mut x = self.static_(x);
+        if sum != ty.shape[axis] {
+            x = self.out.slice_dim(x, axis, 0, ty.shape[axis], 1);
+        }
         self.set_sizes(x, v, want)
     }
 
@@ -940,7 +951,9 @@ impl<'a> Builder<'a> {
         self.out.donors =
             g.donors.iter().enumerate().map(|(k, d)| d.filter(|&o| types_match(&self.out, k, o))).collect();
         self.out.donors.extend(self.sizes.iter().map(|_| None));
-        Some(Bucketed { graph: self.out, sizes: Vec::new(), padded })
+        let window =
+            self.slice.iter().any(|(&(v, _, d), f)| f.changes() && !self.dims[g.nodes[v].args[0]][d].changes());
+        Some(Bucketed { graph: self.out, sizes: Vec::new(), padded, window })
     }
 }
 

@@ -8,7 +8,7 @@
 use std::any::Any;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU8, Ordering};
-use std::sync::{Arc, LazyLock, Mutex, OnceLock, RwLock, Weak};
+use std::sync::{Arc, LazyLock, Mutex, RwLock, Weak};
 use std::time::Instant;
 
 use crate::error::{Error, Result};
@@ -79,8 +79,6 @@ pub struct Plan {
     /// The tensor arguments' types, for explanations.
     arg_types: Vec<Ty>,
     pub graph: crate::ir::Graph,
-    /// Owned by the cache, which may evict it.
-    program: Mutex<Weak<Program>>,
     pub inputs: Vec<Input>,
     /// The op's defined results (the first `outputs.len()` graph outputs
     /// hold them flat).
@@ -92,9 +90,21 @@ pub struct Plan {
     pub checks: Vec<lower::Check>,
     /// Buffers behind `Input::Constant`s.
     pub constants: Vec<Arc<DeviceBuffer>>,
-    /// Run alone (strict, debug): the graph with its moving integers as
-    /// inputs, where plans of its structure differ in offsets only.
-    moving: OnceLock<Option<bounded::Bucketed>>,
+    /// Built for sizes measured on the device (`nonzero`'s count).
+    measured: bool,
+    /// Run alone (strict, debug): its programs, one per padding of its inputs.
+    alone: Mutex<Vec<Alone>>,
+}
+
+/// How a plan runs alone for one padding of its inputs: in its bucket, where
+/// plans of its structure differ in sizes or offsets (a prefix `pe[:L]`, a
+/// window sliding over a tensor, what follows a `nonzero`), so that one
+/// program serves a bucket's plans; else as it is.
+struct Alone {
+    padded: Vec<Option<Vec<i64>>>,
+    bucket: Option<Arc<bounded::Bucketed>>,
+    /// Owned by the cache, which may evict it.
+    program: Weak<Program>,
 }
 
 impl Plan {
@@ -111,33 +121,52 @@ impl Plan {
             name,
             arg_types: Vec::new(),
             graph,
-            program: Mutex::new(Weak::new()),
             inputs,
             outputs,
             undefined: Vec::new(),
             checks,
             constants,
-            moving: OnceLock::new(),
+            measured: false,
+            alone: Mutex::new(Vec::new()),
         }
     }
 
-    fn program(&self) -> Result<Arc<Program>> {
-        let mut slot = self.program.lock().unwrap();
-        if let Some(p) = slot.upgrade() {
+    /// Its program for inputs `held` (padded where bucketed programs made
+    /// them), and the bucket it runs in.
+    fn alone(&self, held: &[Arc<DeviceBuffer>]) -> Result<(Arc<Program>, Option<Arc<bounded::Bucketed>>)> {
+        let mut alone = self.alone.lock().unwrap();
+        let same = |a: &Alone| a.padded.iter().zip(held).all(|(p, b)| p.as_deref() == b.padded.as_deref());
+        let i = match alone.iter().position(same) {
+            Some(i) => i,
+            None => {
+                let padded: Vec<Option<&[i64]>> = held.iter().map(|b| b.padded.as_deref()).collect();
+                let bucket = bounded::enabled().then(|| bounded::per_op(&self.graph, &padded, self.measured)).flatten();
+                let padded = padded.iter().map(|p| p.map(<[i64]>::to_vec)).collect();
+                alone.push(Alone { padded, bucket: bucket.map(Arc::new), program: Weak::new() });
+                alone.len() - 1
+            }
+        };
+        let a = &mut alone[i];
+        if let Some(p) = a.program.upgrade() {
             p.touch();
-            return Ok(p);
+            return Ok((p, a.bucket.clone()));
         }
-        let graph = self.moving().map_or(&self.graph, |b| &b.graph);
-        let p = cache::compile(graph, &self.name)?;
-        *slot = Arc::downgrade(&p);
-        Ok(p)
-    }
-
-    /// The graph run alone where only offsets move between plans of its
-    /// structure (a window sliding over a tensor): one program serves them
-    /// all, this plan's offsets passed as inputs (`bounded::moving`).
-    fn moving(&self) -> Option<&bounded::Bucketed> {
-        self.moving.get_or_init(|| bounded::enabled().then(|| bounded::moving(&self.graph)).flatten()).as_ref()
+        if let Some(b) = &a.bucket {
+            match cache::compile(&b.graph, &self.name) {
+                Ok(p) => {
+                    a.program = Arc::downgrade(&p);
+                    return Ok((p, a.bucket.clone()));
+                }
+                // A bucket XLA cannot compile runs as it is.
+                Err(e) => {
+                    bounded::refused(&format!("XLA: {}", e.message.lines().next().unwrap_or_default()));
+                    a.bucket = None;
+                }
+            }
+        }
+        let p = cache::compile(&self.graph, &self.name)?;
+        a.program = Arc::downgrade(&p);
+        Ok((p, None))
     }
 
     /// `aten::mm(f32[2, 3], f32[3, 4]) -> f32[2, 4]`, for explanations.
@@ -286,6 +315,7 @@ fn build(
     sizes: Vec<i64>,
     precision: Precision,
 ) -> Result<Plan> {
+    let measured = !sizes.is_empty();
     let mut cx = Cx::new(op, args, device, sizes, precision);
     let results = lower(&mut cx)?;
     let undefined = (0..results.len()).filter(|&i| results[i] == lower::UNDEFINED).collect();
@@ -318,13 +348,13 @@ fn build(
             })
             .collect(),
         graph: g,
-        program: Mutex::new(Weak::new()),
         inputs: cx.inputs,
         outputs: logical,
         undefined,
         checks,
         constants: Vec::new(),
-        moving: OnceLock::new(),
+        measured,
+        alone: Mutex::new(Vec::new()),
     })
 }
 
@@ -498,12 +528,23 @@ pub fn storage_buffer(storage: &Storage, reason: Reason) -> Result<Option<Arc<De
     Ok(Some(unpadded))
 }
 
+/// A plan input's buffer, unpadded.
 pub fn input(plan: &Plan, input: &Input, args: &[Arg], device: usize) -> Result<Arc<DeviceBuffer>> {
+    input_buffer(plan, input, args, device, false)
+}
+
+/// A plan input's buffer, padded where a bucketed program made it (for a
+/// program that may run in its bucket).
+fn input_as_computed(plan: &Plan, input: &Input, args: &[Arg], device: usize) -> Result<Arc<DeviceBuffer>> {
+    input_buffer(plan, input, args, device, true)
+}
+
+fn input_buffer(plan: &Plan, input: &Input, args: &[Arg], device: usize, padded: bool) -> Result<Arc<DeviceBuffer>> {
     match *input {
         Input::Constant(k) => Ok(plan.constants[k].clone()),
         Input::Storage { arg, item } => {
-            let storage = storage_of(&tensor_at(args, arg, item)?);
-            let buf = match storage {
+            let buf = match storage_of(&tensor_at(args, arg, item)?) {
+                Some(s) if padded => s.value().map(|v| computed(&v, Reason::Mode)).transpose()?,
                 Some(s) => storage_buffer(s, Reason::Mode)?,
                 None => None,
             };
@@ -565,23 +606,33 @@ pub fn read_bool(b: &DeviceBuffer) -> Result<bool> {
 
 fn execute(plan: &Plan, what: &str, args: &[Arg], device: usize) -> Result<Vec<Arc<DeviceBuffer>>> {
     let rt = runtime::get()?;
-    let mut held: Vec<Arc<DeviceBuffer>> =
-        plan.inputs.iter().map(|i| input(plan, i, args, device)).collect::<Result<_>>()?;
-    if let Some(b) = plan.moving() {
+    let computed: Vec<Arc<DeviceBuffer>> =
+        plan.inputs.iter().map(|i| input_as_computed(plan, i, args, device)).collect::<Result<_>>()?;
+    let (program, bucket) = plan.alone(&computed)?;
+    let mut held = Vec::with_capacity(computed.len() + 1);
+    for (k, buf) in computed.into_iter().enumerate() {
+        held.push(match &bucket {
+            Some(b) => bounded::repad(&buf, &b.graph.params[k].shape)?,
+            None if buf.padded.is_some() => input(plan, &plan.inputs[k], args, device)?,
+            None => buf,
+        });
+    }
+    if let Some(b) = &bucket {
         for &s in &b.sizes {
             held.push(upload_scalar(&(s as i32).to_le_bytes(), DType::I32, device)?);
         }
+        bump(&METRICS.bucketed_runs);
     }
     let refs: Vec<&pjrt::Buffer> = held.iter().map(|b| &*b.buf).collect();
     let start = Instant::now();
-    let program = plan.program()?;
     let raw = program.exe.execute(&refs, rt.device(device)?, &[]).map_err(|e| launch_error(e, what, device))?;
     add(&METRICS.execute_ns, start.elapsed().as_nanos() as u64);
     bump(&METRICS.executions);
     let mut outs: Vec<Arc<DeviceBuffer>> = Vec::with_capacity(raw.len());
     for (i, buf) in raw.into_iter().enumerate() {
         let ty = plan.outputs.get(i).map_or(Ty::new(DType::Bool, &[]), Ty::flat);
-        outs.push(DeviceBuffer::new(buf, ty, device));
+        let padded = bucket.as_ref().and_then(|b| b.padded[i].clone());
+        outs.push(DeviceBuffer::with_shape(buf, ty, padded, device));
     }
     for check in &plan.checks {
         if read_bool(&outs[check.flag])? {
@@ -611,6 +662,7 @@ pub fn launch_error(e: pjrt::Error, what: &str, device: usize) -> Error {
 /// Debug mode's NaN/Inf check of an op's floating outputs.
 fn check_finite(outs: &[Arc<DeviceBuffer>], what: &str, device: usize) -> Result<()> {
     for b in outs.iter().filter(|b| b.ty.dtype.is_float()) {
+        let b = bounded::unpad(b)?;
         let mut bytes = vec![0u8; b.ty.numel() as usize * b.ty.dtype.size()];
         b.buf.to_host(&mut bytes)?;
         let bad = match b.ty.dtype {
