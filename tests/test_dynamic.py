@@ -306,6 +306,41 @@ def test_data_dependent_counts_compile_per_bucket(tmp_path, mode):
     assert r["error"] < 1e-4 and not r["refusals"], r
 
 
+def test_three_counts_in_one_program_and_a_permutation_of_their_sum(tmp_path):
+    """Rows three masks keep, joined (three counts read from the device, the
+    joined size their sum: a fit in three sizes), and a seeded `randperm` of
+    the joined rows: bucketed once four samples show the three sizes, with
+    CPU's sums and the permutations of an unbucketed run (XLA draws element
+    i of a random array from counter i, so a draw in the bucket's bounds
+    starts with the draw of the real size)."""
+    script = """
+        import json, torch, torchtpu
+        torch.manual_seed(0)
+        base = torch.randn(200, 3)
+        x = base.to("tpu")
+
+        def f(x, n):
+            parts = [x[x[:, k] < ((n * (k + 3)) % 11) / 10 - 0.5] for k in range(3)]
+            joined = torch.cat(parts)
+            g = torch.Generator(device=x.device).manual_seed(n)
+            perm = torch.randperm(joined.shape[0], device=x.device, generator=g)
+            return joined.sum() + (joined[:, 0] * torch.arange(joined.shape[0], device=x.device)).sum(), perm
+
+        out, errors = [], []
+        for n in range(1, 15):
+            (got, perm), (want, _) = f(x, n), f(base, n)
+            errors.append(abs(got.item() - want.item()) / abs(want.item()))
+            out.append(perm.tolist())
+        m = torchtpu.metrics()
+        print(json.dumps([m["bucketed_runs"], max(errors), m["bucket_refusals"], out]))
+    """
+    runs, error, refusals, perms = run(script, TORCHTPU_CACHE_DIR=str(tmp_path / "a"))
+    # Refused only while samples are too few to show three sizes.
+    assert runs >= 10 and error < 1e-5 and set(refusals) <= {"more sizes change than samples show yet"}, refusals
+    assert all(sorted(p) == list(range(len(p))) for p in perms)
+    assert perms == run(script, TORCHTPU_CACHE_DIR=str(tmp_path / "b"), TORCHTPU_DYNAMIC="0")[3]
+
+
 def test_data_dependent_sorts_and_the_rest_of_a_budget_compile_per_bucket(tmp_path):
     """What a detection model's box sampling does: sort the elements a mask
     keeps (a count read from the device), and take what a fixed budget leaves

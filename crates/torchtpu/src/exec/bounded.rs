@@ -4,10 +4,12 @@
 //! Lowerings only ever see real, static shapes. When a flushed trace misses
 //! the program cache, its graph's integers (sizes, slice bounds, integral
 //! constants) are fitted, across graphs of the same structure up
-//! to integers (its *family*), as formulas of one changing size `s` (`a*s +
-//! b`, from two samples) or of two, `s` and `t` (`c0 + c1*s + c2*t +
-//! c3*s*t`: a batch and a length, their product a flattened dimension or a
-//! mean's count, from four). A trace whose integers hold its family's fit
+//! to integers (its *family*), as formulas of the fewest changing sizes that
+//! fit: `a*s + b` of one (from two samples), affine in two, three or four
+//! (the counts a detection model's box sampling keeps per image), and with
+//! the product of the first two (`c0 + c1*s + c2*t + c3*s*t`: a batch and a
+//! length, their product a flattened dimension or a mean's count). A trace
+//! whose integers hold its family's fit
 //! is built for its sizes' buckets (`TORCHTPU_BUCKETS`, else the next power
 //! of two): each changing dimension becomes a bounded dynamic dimension of
 //! the formula's value at the buckets, whose real size is computed from the
@@ -157,16 +159,43 @@ impl Bucketed {
     }
 }
 
-/// `c[0] + c[1]*s + c[2]*t + c[3]*s*t` of the changing sizes `s` and `t`
-/// (t = 0 where one size changes).
-#[derive(Clone, Copy, Default, PartialEq, Eq, Hash)]
-struct Formula([i64; 4]);
+/// Most changing sizes a structure's integers are fitted in.
+const MAX_SIZES: usize = 4;
+
+/// A formula's terms: `1, s0, s1, s0*s1, s2, s3` of the changing sizes
+/// (absent sizes are 0): affine in each, and the product of the first two
+/// (a batch and a length, their product a flattened dimension).
+const TERMS: usize = 2 + MAX_SIZES;
+
+fn term(k: usize, sizes: &[i128]) -> i128 {
+    let s = |i: usize| sizes.get(i).copied().unwrap_or(0);
+    match k {
+        0 => 1,
+        3 => s(0) * s(1),
+        k if k < 3 => s(k - 1),
+        k => s(k - 2),
+    }
+}
+
+/// The terms a fit in `k` sizes tries, in order: affine, then (two sizes)
+/// with their product.
+fn term_sets(k: usize) -> &'static [&'static [usize]] {
+    match k {
+        1 => &[&[0, 1]],
+        2 => &[&[0, 1, 2], &[0, 1, 2, 3]],
+        3 => &[&[0, 1, 2, 4]],
+        _ => &[&[0, 1, 2, 4, 5]],
+    }
+}
+
+/// Coefficients of the terms (`TERMS`) in the changing sizes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+struct Formula([i64; TERMS]);
 
 impl Formula {
     fn at(&self, sizes: &[i64]) -> i64 {
-        let (s, t) = (sizes[0], sizes.get(1).copied().unwrap_or(0));
-        let c = self.0;
-        c[0] + c[1] * s + c[2] * t + c[3] * s * t
+        let sizes: Vec<i128> = sizes.iter().map(|&x| x as i128).collect();
+        (0..TERMS).map(|k| self.0[k] as i128 * term(k, &sizes)).sum::<i128>() as i64
     }
 
     fn changes(&self) -> bool {
@@ -207,7 +236,7 @@ impl Fit {
     }
 
     /// As saved in the persistent cache: the sizes' count and slots, then
-    /// each formula's four coefficients (little-endian i64s).
+    /// each formula's coefficients (little-endian i64s).
     fn to_bytes(&self) -> Vec<u8> {
         let sizes = self.sizes.iter().map(|&k| k as i64);
         let words = std::iter::once(self.sizes.len() as i64).chain(sizes).chain(self.formulas.iter().flat_map(|f| f.0));
@@ -216,17 +245,17 @@ impl Fit {
 
     fn from_bytes(bytes: &[u8]) -> Option<Fit> {
         let words: Vec<i64> = bytes.chunks_exact(8).map(|w| i64::from_le_bytes(w.try_into().unwrap())).collect();
-        let n = usize::try_from(*words.first()?).ok().filter(|&n| (1..=2).contains(&n))?;
+        let n = usize::try_from(*words.first()?).ok().filter(|&n| (1..=MAX_SIZES).contains(&n))?;
         let rest = words.get(1 + n..)?;
-        let formulas: Vec<Formula> = rest.chunks_exact(4).map(|c| Formula(c.try_into().unwrap())).collect();
+        let formulas: Vec<Formula> = rest.chunks_exact(TERMS).map(|c| Formula(c.try_into().unwrap())).collect();
         let sizes: Vec<usize> = words[1..1 + n].iter().map(|&k| k as usize).collect();
-        (rest.len() % 4 == 0 && sizes.iter().all(|&k| k < formulas.len())).then_some(Fit { sizes, formulas })
+        (rest.len() % TERMS == 0 && sizes.iter().all(|&k| k < formulas.len())).then_some(Fit { sizes, formulas })
     }
 }
 
 /// Where a structure's fit is saved in the persistent cache.
 fn fit_key(structure: u64) -> cache::Key {
-    (structure, 0x6669_7473) // "fits"
+    (structure, 0x6669_7436) // "fit6": six terms
 }
 
 /// The graph a fit was made on, as it was built: what `sweep` builds other
@@ -246,79 +275,92 @@ struct Family {
     samples: Vec<Vec<i64>>,
     fit: Option<Arc<Fit>>,
     seen: Option<Arc<Seen>>,
+    /// The buckets its programs were built for (the latest `MET`).
+    met: Vec<Vec<i64>>,
+}
+
+const MET: usize = 64;
+
+/// Each size's bucket, or the one above it where the family met that one
+/// and not its own: sizes that hover around a bucket's edge (a detection
+/// model's ~256 proposals an image, 253 at one step and 260 at the next)
+/// share one program rather than compile both.
+fn buckets_for(met: &[Vec<i64>], sizes: &[i64]) -> Vec<i64> {
+    let own: Vec<i64> = sizes.iter().map(|&s| bucket(s)).collect();
+    let within =
+        |m: &&Vec<i64>| m.len() == own.len() && m.iter().zip(&own).all(|(&b, &o)| b == o || b == bucket(o + 1));
+    met.iter().filter(within).min_by_key(|m| m.iter().product::<i64>()).cloned().unwrap_or(own)
 }
 
 const SAMPLES: usize = 8;
 
-/// The formulas of every integer of `samples`, in one changing size (affine,
-/// from two samples) or, failing that, in two (bilinear, from four). A size
-/// is the integer that changes least (the others are multiples of it), the
-/// first in the graph among equals (a parameter's dimension, whose buckets
-/// are the user's sizes').
+/// The formulas of every integer of `samples` in the fewest changing sizes
+/// (up to `MAX_SIZES`) that fit them all: affine in one (from two samples),
+/// then in two (three; with their product, four), and so on. A size is the
+/// integer that changes least (the others are multiples of it), the first in
+/// the graph among equals (a parameter's dimension, whose buckets are the
+/// user's sizes'); the next one is the least changing integer left unfitted.
 fn fit(samples: &[Vec<i64>]) -> std::result::Result<Fit, &'static str> {
     let slots = samples[0].len();
     let change = |k: usize| {
         let values = samples.iter().map(|x| x[k]);
         values.clone().max().unwrap_or(0) - values.min().unwrap_or(0)
     };
-    let changing: Vec<usize> = (0..slots).filter(|&k| change(k) != 0).collect();
     let smallest = |among: &mut dyn Iterator<Item = usize>| among.min_by_key(|&k| (change(k), k));
-    let s = smallest(&mut changing.iter().copied()).ok_or("no size changes")?;
-    let one = solve(samples, &[s]);
-    let stray: Vec<usize> = (0..slots).filter(|&k| one[k].is_none()).collect();
-    if stray.is_empty() {
-        return finish(vec![s], one);
+    let s = smallest(&mut (0..slots).filter(|&k| change(k) != 0)).ok_or("no size changes")?;
+    let mut sizes = vec![s];
+    loop {
+        let mut stray = None;
+        for &terms in term_sets(sizes.len()) {
+            let Some(formulas) = solve(samples, &sizes, terms) else { continue };
+            if formulas.iter().all(Option::is_some) {
+                return Ok(Fit { sizes, formulas: formulas.into_iter().map(Option::unwrap).collect() });
+            }
+            stray = Some((0..slots).filter(|&k| formulas[k].is_none()).collect::<Vec<_>>());
+        }
+        let stray = stray.ok_or("more sizes change than samples show yet")?;
+        if sizes.len() == MAX_SIZES {
+            return Err("sizes not affine in 4 changing sizes");
+        }
+        sizes.push(smallest(&mut stray.into_iter()).expect("a stray integer changes"));
     }
-    let t = smallest(&mut stray.into_iter()).expect("a stray integer changes");
-    let two = solve(samples, &[s, t]);
-    if two.iter().all(Option::is_some) {
-        return finish(vec![s, t], two);
-    }
-    Err(if samples.len() < 4 {
-        "two sizes change: fewer than 4 samples yet"
-    } else {
-        "sizes not bilinear in two changing sizes"
-    })
 }
 
-fn finish(sizes: Vec<usize>, formulas: Vec<Option<Formula>>) -> std::result::Result<Fit, &'static str> {
-    Ok(Fit { sizes, formulas: formulas.into_iter().map(Option::unwrap).collect() })
-}
-
-/// Each integer's formula in the sizes at slots `sizes`, where one holds
-/// for every sample with integer coefficients: solved exactly (Cramer's
-/// rule) on the first samples whose terms are independent.
-fn solve(samples: &[Vec<i64>], sizes: &[usize]) -> Vec<Option<Formula>> {
-    let n = 2 * sizes.len();
-    let terms = |x: &[i64]| -> Vec<i128> {
-        let (s, t) = (x[sizes[0]] as i128, sizes.get(1).map_or(0, |&k| x[k] as i128));
-        [1, s, t, s * t][..n].to_vec()
+/// Each integer's formula (coefficients of `terms`) in the sizes at slots
+/// `sizes`, where one holds for every sample with integer coefficients:
+/// solved exactly (Cramer's rule) on the first samples whose terms are
+/// independent; None where no samples are.
+fn solve(samples: &[Vec<i64>], sizes: &[usize], terms: &[usize]) -> Option<Vec<Option<Formula>>> {
+    let n = terms.len();
+    let row = |x: &[i64]| -> Vec<i128> {
+        let at: Vec<i128> = sizes.iter().map(|&k| x[k] as i128).collect();
+        terms.iter().map(|&t| term(t, &at)).collect()
     };
-    let system = (0u32..1 << samples.len()).filter(|m| m.count_ones() as usize == n).find_map(|m| {
+    let (rows, a, d) = (0u32..1 << samples.len()).filter(|m| m.count_ones() as usize == n).find_map(|m| {
         let rows: Vec<usize> = (0..samples.len()).filter(|r| m >> r & 1 == 1).collect();
-        let a: Vec<Vec<i128>> = rows.iter().map(|&r| terms(&samples[r])).collect();
+        let a: Vec<Vec<i128>> = rows.iter().map(|&r| row(&samples[r])).collect();
         det(&a).filter(|&d| d != 0).map(|d| (rows, a, d))
-    });
-    (0..samples[0].len())
-        .map(|k| {
-            if samples.iter().all(|x| x[k] == samples[0][k]) {
-                return Some(Formula([samples[0][k], 0, 0, 0]));
+    })?;
+    let formula = |k: usize| {
+        if samples.iter().all(|x| x[k] == samples[0][k]) {
+            let mut c = [0; TERMS];
+            c[0] = samples[0][k];
+            return Some(Formula(c));
+        }
+        let mut c = [0i64; TERMS];
+        for (i, &t) in terms.iter().enumerate() {
+            let mut m = a.clone();
+            m.iter_mut().zip(&rows).for_each(|(row, &r)| row[i] = samples[r][k] as i128);
+            let num = det(&m)?;
+            if num % d != 0 {
+                return None;
             }
-            let (rows, a, d) = system.as_ref()?;
-            let mut c = [0i64; 4];
-            for (i, ci) in c.iter_mut().enumerate().take(n) {
-                let mut m = a.clone();
-                m.iter_mut().zip(rows).for_each(|(row, &r)| row[i] = samples[r][k] as i128);
-                let num = det(&m)?;
-                if num % d != 0 {
-                    return None;
-                }
-                *ci = i64::try_from(num / d).ok()?;
-            }
-            let f = Formula(c);
-            samples.iter().all(|x| f.at(&sizes.iter().map(|&j| x[j]).collect::<Vec<_>>()) == x[k]).then_some(f)
-        })
-        .collect()
+            c[t] = i64::try_from(num / d).ok()?;
+        }
+        let f = Formula(c);
+        samples.iter().all(|x| f.at(&sizes.iter().map(|&j| x[j]).collect::<Vec<_>>()) == x[k]).then_some(f)
+    };
+    Some((0..samples[0].len()).map(formula).collect())
 }
 
 /// The determinant of a small square matrix (None on overflow).
@@ -384,12 +426,18 @@ fn generalize_with(g: &Graph, padded: &[Option<&[i64]>], persist: bool) -> Optio
         }
     }
     let fit = family.fit.clone()?;
-    drop(guard);
     let sizes = fit.sizes(&scan.ints);
     if sizes.iter().any(|&s| s <= 0) {
         return None;
     }
-    let buckets: Vec<i64> = sizes.iter().map(|&s| bucket(s)).collect();
+    let buckets = buckets_for(&family.met, &sizes);
+    if !family.met.contains(&buckets) {
+        if family.met.len() == MET {
+            family.met.remove(0);
+        }
+        family.met.push(buckets.clone());
+    }
+    drop(guard);
     let built = Builder::new(g, &scan.slots, &fit.formulas, &buckets).build(padded)?;
     Some(Bucketed { sizes, ..built })
 }
@@ -442,10 +490,10 @@ fn sweep(up_to: i64) -> Vec<Graph> {
                 Some(p.iter().zip(&b).map(|(x, y)| x - y).collect())
             })
             .collect();
-        let mut combos: Vec<Vec<i64>> = match fit.sizes.len() {
-            1 => buckets.iter().map(|&b| vec![b]).collect(),
-            _ => buckets.iter().flat_map(|&b| buckets.iter().map(move |&c| vec![b, c])).collect(),
-        };
+        let mut combos: Vec<Vec<i64>> = vec![Vec::new()];
+        for _ in &fit.sizes {
+            combos = combos.iter().flat_map(|c| buckets.iter().map(move |&b| [c.as_slice(), &[b]].concat())).collect();
+        }
         combos.sort_by_key(|c| c.iter().product::<i64>()); // the smallest first, where `SWEEP` cuts
         for buckets in combos.into_iter().take(SWEEP) {
             let builder = at(&buckets);
@@ -559,11 +607,13 @@ impl<'a> Builder<'a> {
         if let Some(&v) = self.computed.get(&f) {
             return v;
         }
-        let product = (f.0[3] != 0).then(|| self.out.binary("stablehlo.multiply", self.sizes[0], self.sizes[1]));
-        let symbols = [self.sizes.first().copied(), self.sizes.get(1).copied(), product];
         let mut sum = None;
-        for (&c, x) in f.0[1..].iter().zip(symbols).filter(|(&c, _)| c != 0) {
-            let mut term = x.expect("a size for each term");
+        for (k, &c) in f.0.iter().enumerate().skip(1).filter(|(_, &c)| c != 0) {
+            let mut term = match k {
+                3 => self.out.binary("stablehlo.multiply", self.sizes[0], self.sizes[1]),
+                k if k < 3 => self.sizes[k - 1],
+                k => self.sizes[k - 2],
+            };
             if c != 1 {
                 let c = self.int(c);
                 term = self.out.binary("stablehlo.multiply", term, c);
@@ -935,8 +985,16 @@ impl<'a> Builder<'a> {
                     self.set_sizes(x, v, want)
                 }
                 Op::Put { .. } => self.out.push(node.op.clone(), args, self.ty(v, want)),
+                // XLA's threefry draws element i from counter i in row-major
+                // order: drawn for the bounds, the real elements are those
+                // of the draw of the real size where only the leading
+                // dimension changes (a `randperm` of a count).
+                Op::RngBits if want & !1 == 0 => {
+                    let x = self.out.push(Op::RngBits, args, self.ty(v, 0));
+                    self.set_sizes(x, v, want)
+                }
                 op if !any => self.out.push(op.clone(), args, node.ty.clone()),
-                op => return refuse(op_name(op)),
+                op => return refuse(&why_not(op)),
             };
             map.push(x);
         }
@@ -957,12 +1015,18 @@ impl<'a> Builder<'a> {
     }
 }
 
-fn op_name(op: &Op) -> &'static str {
+/// Why a changing dimension cannot reach `op`.
+fn why_not(op: &Op) -> String {
     match op {
-        Op::Pad { .. } => "a pad of a changing size",
-        Op::Reverse(_) => "a reverse along a changing size",
-        Op::Convolution(..) => "a convolution over a changing size",
-        _ => "an op without bounded dimensions",
+        Op::Pad { .. } => "a pad of a changing size".into(),
+        Op::Reverse(_) => "a reverse along a changing size".into(),
+        Op::Convolution(..) => "a convolution over a changing size".into(),
+        // The variant's name only: its fields may hold a constant's data.
+        _ => {
+            let name = format!("{op:?}");
+            let end = name.find(|c: char| !c.is_alphanumeric()).unwrap_or(name.len());
+            format!("an op without bounded dimensions: {}", &name[..end])
+        }
     }
 }
 
@@ -1028,4 +1092,64 @@ pub fn repad(buf: &Arc<DeviceBuffer>, shape: &[i64]) -> Result<Arc<DeviceBuffer>
     }
     bump(&METRICS.repads);
     reshaped(buf, Some(shape))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Samples of integers computed from the sizes by `f`.
+    fn samples(sizes: &[&[i64]], f: impl Fn(&[i64]) -> Vec<i64>) -> Vec<Vec<i64>> {
+        sizes.iter().map(|s| f(s)).collect()
+    }
+
+    fn holds(fit: &Fit, sizes: &[&[i64]], f: impl Fn(&[i64]) -> Vec<i64>) -> bool {
+        sizes.iter().all(|s| fit.holds(&f(s)))
+    }
+
+    #[test]
+    fn one_size_fits_from_two_samples() {
+        let f = |s: &[i64]| vec![s[0], 4 * s[0], 7, 240 - s[0]];
+        let fit = fit(&samples(&[&[3], &[9]], f)).unwrap();
+        assert_eq!(fit.sizes, vec![0]);
+        assert!(holds(&fit, &[&[1], &[100]], f));
+    }
+
+    #[test]
+    fn two_sizes_fit_affine_from_three_samples_and_with_their_product_from_four() {
+        let sum = |s: &[i64]| vec![s[0], s[1] + 5, s[0] + s[1], 2 * s[0] + 3];
+        let fit3 = fit(&samples(&[&[3, 40], &[9, 41], &[4, 60]], sum)).unwrap();
+        assert!(holds(&fit3, &[&[17, 2], &[1, 1]], sum));
+        let product = |s: &[i64]| vec![s[0], s[1], s[0] * s[1], s[0] * s[1] * 16 + s[0]];
+        let few = samples(&[&[3, 40], &[9, 41], &[4, 60]], product);
+        assert!(fit(&few).is_err());
+        let fit4 = fit(&samples(&[&[3, 40], &[9, 41], &[4, 60], &[5, 5]], product)).unwrap();
+        assert!(holds(&fit4, &[&[17, 2], &[64, 128]], product));
+    }
+
+    #[test]
+    fn three_sizes_fit_affine_a_budget_and_what_it_leaves() {
+        // Per-image counts kept, and what a budget of 512 leaves of the first.
+        let f = |s: &[i64]| vec![s[0], s[1], s[2], s[0] + s[1], 512 - s[0], s[0] + s[1] + s[2]];
+        let sizes: &[&[i64]] = &[&[30, 700, 5], &[31, 650, 9], &[12, 701, 3], &[40, 720, 1]];
+        assert!(fit(&samples(&sizes[..3], f)).is_err(), "three samples cannot show three sizes");
+        let fit = fit(&samples(sizes, f)).unwrap();
+        assert_eq!(fit.sizes.len(), 3);
+        assert!(holds(&fit, &[&[64, 1000, 64], &[1, 1, 1]], f));
+    }
+
+    #[test]
+    fn a_bound_is_the_largest_value_over_the_box_of_buckets() {
+        let mut c = [0; TERMS];
+        (c[0], c[1], c[4]) = (512, -1, 2); // 512 - s0 + 2 * s2
+        assert_eq!(Formula(c).bound(&[64, 8, 16]), 512 - 1 + 32);
+    }
+
+    #[test]
+    fn fits_survive_the_persistent_cache() {
+        let f = |s: &[i64]| vec![s[0], s[1], s[2], s[0] + s[1] + s[2]];
+        let fit = fit(&samples(&[&[1, 5, 9], &[2, 5, 9], &[2, 7, 9], &[2, 7, 12]], f)).unwrap();
+        let back = Fit::from_bytes(&fit.to_bytes()).unwrap();
+        assert_eq!((back.sizes, back.formulas), (fit.sizes, fit.formulas));
+    }
 }

@@ -815,6 +815,10 @@ fn program(trace: &Trace, g: &Graph, params: &[usize]) -> Result<(Arc<Program>, 
         if found.is_none() && !programs.failed_buckets.contains(&bkey) {
             match cache::compile(&b.graph, "bucketed fused program") {
                 Ok(p) => {
+                    if logging() {
+                        let buckets: Vec<i64> = b.sizes.iter().map(|&s| bounded::bucket(s)).collect();
+                        eprintln!("torchtpu: new bucketed program: sizes {:?} in buckets {buckets:?}", b.sizes);
+                    }
                     bump(&METRICS.fused_misses);
                     bump(&METRICS.bucketed_programs);
                     programs.by_key.insert(bkey, Arc::downgrade(&p));
