@@ -606,16 +606,15 @@ pub fn read_bool(b: &DeviceBuffer) -> Result<bool> {
 
 fn execute(plan: &Plan, what: &str, args: &[Arg], device: usize) -> Result<Vec<Arc<DeviceBuffer>>> {
     let rt = runtime::get()?;
-    let computed: Vec<Arc<DeviceBuffer>> =
+    let mut held: Vec<Arc<DeviceBuffer>> =
         plan.inputs.iter().map(|i| input_as_computed(plan, i, args, device)).collect::<Result<_>>()?;
-    let (program, bucket) = plan.alone(&computed)?;
-    let mut held = Vec::with_capacity(computed.len() + 1);
-    for (k, buf) in computed.into_iter().enumerate() {
-        held.push(match &bucket {
-            Some(b) => bounded::repad(&buf, &b.graph.params[k].shape)?,
-            None if buf.padded.is_some() => input(plan, &plan.inputs[k], args, device)?,
-            None => buf,
-        });
+    let (program, bucket) = plan.alone(&held)?;
+    for (k, buf) in held.iter_mut().enumerate() {
+        match &bucket {
+            Some(b) => *buf = bounded::repad(buf, &b.graph.params[k].shape)?,
+            None if buf.padded.is_some() => *buf = input(plan, &plan.inputs[k], args, device)?,
+            None => {}
+        }
     }
     if let Some(b) = &bucket {
         for &s in &b.sizes {
