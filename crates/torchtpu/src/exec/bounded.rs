@@ -167,14 +167,14 @@ const MAX_SIZES: usize = 4;
 /// (a batch and a length, their product a flattened dimension).
 const TERMS: usize = 2 + MAX_SIZES;
 
-fn term(k: usize, sizes: &[i128]) -> i128 {
-    let s = |i: usize| sizes.get(i).copied().unwrap_or(0);
-    match k {
-        0 => 1,
-        3 => s(0) * s(1),
-        k if k < 3 => s(k - 1),
-        k => s(k - 2),
-    }
+/// The sizes term `k` multiplies.
+fn term_sizes(k: usize) -> &'static [usize] {
+    const SIZES: [&[usize]; TERMS] = [&[], &[0], &[1], &[0, 1], &[2], &[3]];
+    SIZES[k]
+}
+
+fn term(k: usize, sizes: &[i64]) -> i128 {
+    term_sizes(k).iter().map(|&i| sizes.get(i).map_or(0, |&x| x as i128)).product()
 }
 
 /// The terms a fit in `k` sizes tries, in order: affine, then (two sizes)
@@ -194,8 +194,7 @@ struct Formula([i64; TERMS]);
 
 impl Formula {
     fn at(&self, sizes: &[i64]) -> i64 {
-        let sizes: Vec<i128> = sizes.iter().map(|&x| x as i128).collect();
-        (0..TERMS).map(|k| self.0[k] as i128 * term(k, &sizes)).sum::<i128>() as i64
+        (0..TERMS).map(|k| self.0[k] as i128 * term(k, sizes)).sum::<i128>() as i64
     }
 
     fn changes(&self) -> bool {
@@ -333,7 +332,7 @@ fn fit(samples: &[Vec<i64>]) -> std::result::Result<Fit, &'static str> {
 fn solve(samples: &[Vec<i64>], sizes: &[usize], terms: &[usize]) -> Option<Vec<Option<Formula>>> {
     let n = terms.len();
     let row = |x: &[i64]| -> Vec<i128> {
-        let at: Vec<i128> = sizes.iter().map(|&k| x[k] as i128).collect();
+        let at: Vec<i64> = sizes.iter().map(|&k| x[k]).collect();
         terms.iter().map(|&t| term(t, &at)).collect()
     };
     let (rows, a, d) = (0u32..1 << samples.len()).filter(|m| m.count_ones() as usize == n).find_map(|m| {
@@ -447,6 +446,7 @@ fn generalize_with(g: &Graph, padded: &[Option<&[i64]>], persist: bool) -> Optio
 /// them at the same points and so finds every program its first run
 /// compiled (a saved fit would generalize plans that run compiled as they
 /// were, or with an earlier fit).
+///
 /// Only where its sizes change as a step's sizes do: a count it measured
 /// on the device (`measured`), a slice of a tensor of fixed size that moves
 /// or resizes (a window, a prefix `pe[:L]`), inputs padded by an earlier
@@ -609,11 +609,11 @@ impl<'a> Builder<'a> {
         }
         let mut sum = None;
         for (k, &c) in f.0.iter().enumerate().skip(1).filter(|(_, &c)| c != 0) {
-            let mut term = match k {
-                3 => self.out.binary("stablehlo.multiply", self.sizes[0], self.sizes[1]),
-                k if k < 3 => self.sizes[k - 1],
-                k => self.sizes[k - 2],
-            };
+            let (first, rest) = term_sizes(k).split_first().expect("a size for each term but the constant");
+            let mut term = self.sizes[*first];
+            for &i in rest {
+                term = self.out.binary("stablehlo.multiply", term, self.sizes[i]);
+            }
             if c != 1 {
                 let c = self.int(c);
                 term = self.out.binary("stablehlo.multiply", term, c);
