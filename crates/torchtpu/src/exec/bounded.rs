@@ -101,6 +101,19 @@ fn scan(g: &Graph) -> Scan {
     Scan { key: h.finish(), ints, slots }
 }
 
+/// The slots of the dimensions of parameters that came padded and are
+/// smaller than their buffer there: sizes that change where they were made.
+fn counts(g: &Graph, slots: &[Slot], padded: &[Option<&[i64]>]) -> Vec<usize> {
+    let padded_dim = |v: V, d: usize| match g.nodes[v].op {
+        Op::Param(n) => padded[n].and_then(|p| p.get(d)).is_some_and(|&p| p > g.nodes[v].ty.shape[d]),
+        _ => false,
+    };
+    (slots.iter().enumerate())
+        .filter(|(_, slot)| matches!(**slot, Slot::Dim(v, d) if padded_dim(v, d)))
+        .map(|(k, _)| k)
+        .collect()
+}
+
 /// Whether fused programs are bucketed (on unless `TORCHTPU_DYNAMIC=0`; the
 /// whole test suite and the conformance sweep pass with it, sizes below
 /// their bucket included).
@@ -127,6 +140,8 @@ pub struct Bucketed {
     /// The graph with bounded dimensions; its last parameters are the sizes.
     pub graph: Graph,
     pub sizes: Vec<i64>,
+    /// The buckets it is built for.
+    pub buckets: Vec<i64>,
     /// Each output's buffer shape where it is padded.
     pub padded: Vec<Option<Vec<i64>>>,
     /// Whether a slice of an operand of fixed size moves or resizes.
@@ -275,7 +290,14 @@ struct Family {
     fit: Option<Arc<Fit>>,
     seen: Option<Arc<Seen>>,
     /// The buckets its programs were built for (the latest `MET`).
-    met: Vec<Vec<i64>>,
+    met: Vec<Met>,
+}
+
+/// Buckets a family's program was built for, and the shapes its padded
+/// parameters took there.
+struct Met {
+    buckets: Vec<i64>,
+    params: Option<Vec<Option<Vec<i64>>>>,
 }
 
 const MET: usize = 64;
@@ -283,12 +305,22 @@ const MET: usize = 64;
 /// Each size's bucket, or the one above it where the family met that one
 /// and not its own: sizes that hover around a bucket's edge (a detection
 /// model's ~256 proposals an image, 253 at one step and 260 at the next)
-/// share one program rather than compile both.
-fn buckets_for(met: &[Vec<i64>], sizes: &[i64]) -> Vec<i64> {
+/// share one program rather than compile both. For buckets not met yet, a
+/// size within an eighth below its bucket's edge (or on it) takes the one
+/// above where an earlier sample of the family (`seen`) was within an
+/// eighth above that edge: a fit's first buckets, made when a third count
+/// began to change, are not made again a step later for the other side.
+fn buckets_for(met: &[Met], sizes: &[i64], seen: &[Vec<i64>]) -> Vec<i64> {
     let own: Vec<i64> = sizes.iter().map(|&s| bucket(s)).collect();
     let within =
         |m: &&Vec<i64>| m.len() == own.len() && m.iter().zip(&own).all(|(&b, &o)| b == o || b == bucket(o + 1));
-    met.iter().filter(within).min_by_key(|m| m.iter().product::<i64>()).cloned().unwrap_or(own)
+    let found = met.iter().map(|m| &m.buckets).filter(within).min_by_key(|m| m.iter().product::<i64>()).cloned();
+    found.unwrap_or_else(|| {
+        let hovers = |i: usize, b: i64| {
+            sizes[i] * 8 > b * 7 && seen.iter().any(|x| x.get(i).is_some_and(|&h| h > b && h * 8 <= b * 9))
+        };
+        own.iter().enumerate().map(|(i, &b)| if hovers(i, b) { bucket(b + 1) } else { b }).collect()
+    })
 }
 
 const SAMPLES: usize = 8;
@@ -323,6 +355,39 @@ fn fit(samples: &[Vec<i64>]) -> std::result::Result<Fit, &'static str> {
         }
         sizes.push(smallest(&mut stray.into_iter()).expect("a stray integer changes"));
     }
+}
+
+/// `fit`, then each integer of `counts` (a size that changes where its
+/// value was made, though not yet in these samples) that it leaves constant
+/// made a size of its own, added to or taken from every formula whose
+/// constant term is that value (at least 2) or its negative, in its place
+/// (the negatives left of a budget, `n - positives`):
+/// a count that stays the same for some steps and then changes (a detection
+/// model's positives of one image) is bucketed from the start, not when it
+/// first changes. A guess wrong for an integer only costs a new fit: a fit
+/// is used only where it `holds` for every integer.
+fn fit_counts(samples: &[Vec<i64>], counts: &[usize]) -> std::result::Result<Fit, &'static str> {
+    let mut fit = fit(samples)?;
+    for &k in counts {
+        let c = fit.formulas[k];
+        if fit.sizes.len() == MAX_SIZES || c.changes() || c.0[0] < 2 || fit.sizes.contains(&k) {
+            continue;
+        }
+        let t = (0..TERMS).find(|&t| term_sizes(t) == [fit.sizes.len()]).expect("a linear term per size");
+        for f in &mut fit.formulas {
+            let sign = if f.0[0] == c.0[0] {
+                1
+            } else if f.0[0] == -c.0[0] {
+                -1
+            } else {
+                continue;
+            };
+            f.0[0] = 0;
+            f.0[t] = sign;
+        }
+        fit.sizes.push(k);
+    }
+    Ok(fit)
 }
 
 /// Each integer's formula (coefficients of `terms`) in the sizes at slots
@@ -411,7 +476,7 @@ fn generalize_with(g: &Graph, padded: &[Option<&[i64]>], persist: bool) -> Optio
             return None;
         }
         // A fit that fails leaves the last one for the traces it holds.
-        match fit(&family.samples) {
+        match fit_counts(&family.samples, &counts(g, &scan.slots, padded)) {
             Ok(f) => {
                 if persist {
                     cache::save(fit_key(scan.key), &f.to_bytes());
@@ -429,15 +494,33 @@ fn generalize_with(g: &Graph, padded: &[Option<&[i64]>], persist: bool) -> Optio
     if sizes.iter().any(|&s| s <= 0) {
         return None;
     }
-    let buckets = buckets_for(&family.met, &sizes);
-    if !family.met.contains(&buckets) {
-        if family.met.len() == MET {
-            family.met.remove(0);
+    let seen: Vec<Vec<i64>> = family.samples.iter().map(|x| fit.sizes(x)).collect();
+    let buckets = buckets_for(&family.met, &sizes, &seen);
+    let met = match family.met.iter().position(|m| m.buckets == buckets) {
+        Some(k) => &family.met[k],
+        None => {
+            if family.met.len() == MET {
+                family.met.remove(0);
+            }
+            family.met.push(Met { buckets: buckets.clone(), params: None });
+            family.met.last().unwrap()
         }
-        family.met.push(buckets.clone());
-    }
+    };
+    let took = met.params.clone();
     drop(guard);
-    let built = Builder::new(g, &scan.slots, &fit.formulas, &buckets).build(padded)?;
+    let built = Builder::new(g, &scan.slots, &fit.formulas, &buckets).build(padded, took.as_deref().unwrap_or(&[]))?;
+    if took.is_none() {
+        let shapes =
+            (g.params.iter().zip(&built.graph.params)).map(|(p, b)| (p.shape != b.shape).then(|| b.shape.clone()));
+        let mut guard = FAMILIES.lock().unwrap();
+        let met = guard
+            .as_mut()
+            .and_then(|f| f.get_mut(&scan.key))
+            .and_then(|f| f.met.iter_mut().find(|m| m.buckets == buckets));
+        if let Some(met) = met.filter(|m| m.params.is_none()) {
+            met.params = Some(shapes.collect());
+        }
+    }
     Some(Bucketed { sizes, ..built })
 }
 
@@ -501,7 +584,7 @@ fn sweep(up_to: i64) -> Vec<Graph> {
                 .map(|(e, b)| e.as_ref().map(|e| e.iter().zip(&b).map(|(x, y)| x + y).collect()))
                 .collect();
             let padded: Vec<Option<&[i64]>> = padded.iter().map(Option::as_deref).collect();
-            graphs.extend(builder.build(&padded).map(|b| b.graph));
+            graphs.extend(builder.build(&padded, &[]).map(|b| b.graph));
         }
     }
     graphs
@@ -874,7 +957,12 @@ impl<'a> Builder<'a> {
             .collect()
     }
 
-    fn build(mut self, padded: &[Option<&[i64]>]) -> Option<Bucketed> {
+    /// `copied[n]`: the shape a program of these buckets took parameter `n`
+    /// in where it was padded, for an input that must be copied anyway (it
+    /// comes unpadded, or smaller than its bounds): so that which earlier
+    /// program made an input (the trace's own, another bucket's) does not
+    /// make another program of this bucket.
+    fn build(mut self, padded: &[Option<&[i64]>], copied: &[Option<Vec<i64>>]) -> Option<Bucketed> {
         let g = self.g;
         let mut map: Vec<V> = Vec::with_capacity(g.nodes.len());
         for (v, node) in g.nodes.iter().enumerate() {
@@ -889,11 +977,16 @@ impl<'a> Builder<'a> {
                     // step (a KV cache) leaves its bucketed program, so that
                     // its first and later steps share one program.
                     let bounds = self.ty(v, 0);
-                    let shape = padded[n].unwrap_or_default();
-                    let larger = shape.len() == bounds.rank() && shape.iter().zip(&bounds.shape).all(|(a, b)| a >= b);
+                    let larger = |shape: &[i64]| {
+                        shape.len() == bounds.rank() && shape.iter().zip(&bounds.shape).all(|(a, b)| a >= b)
+                    };
                     let next: Vec<i64> = self.buckets.iter().map(|b| b + 1).collect();
                     let grown: Vec<i64> = self.dims[v].iter().map(|f| f.bound(&next)).collect();
-                    let ty = Ty::new(bounds.dtype, if larger { shape } else { &grown });
+                    let shape = match padded[n] {
+                        Some(shape) if larger(shape) => shape,
+                        _ => copied.get(n).and_then(Option::as_deref).filter(|&c| larger(c)).unwrap_or(&grown),
+                    };
+                    let ty = Ty::new(bounds.dtype, shape);
                     let cut = ty.shape != bounds.shape;
                     self.out.params[n] = ty.clone();
                     self.out.nodes[n].ty = ty;
@@ -1011,7 +1104,7 @@ impl<'a> Builder<'a> {
         self.out.donors.extend(self.sizes.iter().map(|_| None));
         let window =
             self.slice.iter().any(|(&(v, _, d), f)| f.changes() && !self.dims[g.nodes[v].args[0]][d].changes());
-        Some(Bucketed { graph: self.out, sizes: Vec::new(), padded, window })
+        Some(Bucketed { graph: self.out, sizes: Vec::new(), buckets: self.buckets, padded, window })
     }
 }
 
@@ -1143,6 +1236,29 @@ mod tests {
         let mut c = [0; TERMS];
         (c[0], c[1], c[4]) = (512, -1, 2); // 512 - s0 + 2 * s2
         assert_eq!(Formula(c).bound(&[64, 8, 16]), 512 - 1 + 32);
+    }
+
+    #[test]
+    fn a_count_known_to_change_is_a_size_before_it_changes() {
+        // A count of positives (slot 1, 6 in every sample) and what a
+        // proposal count (slot 0) leaves of it; slot 3 is a constant 6 of
+        // the same value but a known count only at slot 1.
+        let f = |s: &[i64]| vec![s[0], s[1], s[0] - s[1], 6, 4 * s[1] + 1];
+        let seen = samples(&[&[260, 6], &[257, 6], &[263, 6]], f);
+        let fit = fit_counts(&seen, &[1]).unwrap();
+        assert_eq!(fit.sizes, vec![0, 1]);
+        assert!(holds(&fit, &[&[259, 7], &[300, 2]], |s| vec![s[0], s[1], s[0] - s[1], s[1], 25]));
+        assert!(!holds(&fit, &[&[259, 7]], f), "6 is taken for the count, a guess a new fit mends");
+    }
+
+    #[test]
+    fn sizes_hovering_at_an_edge_take_the_bucket_above() {
+        let met = |b: &[i64]| Met { buckets: b.to_vec(), params: None };
+        assert_eq!(buckets_for(&[], &[256, 20], &[]), vec![256, 32]);
+        assert_eq!(buckets_for(&[], &[256, 20], &[vec![262, 21]]), vec![512, 32]);
+        assert_eq!(buckets_for(&[], &[250, 20], &[vec![400, 21]]), vec![256, 32], "not hovering");
+        assert_eq!(buckets_for(&[met(&[512, 32])], &[200, 20], &[]), vec![512, 32], "the bucket above, met");
+        assert_eq!(buckets_for(&[met(&[512, 32])], &[100, 20], &[]), vec![128, 32]);
     }
 
     #[test]

@@ -816,8 +816,7 @@ fn program(trace: &Trace, g: &Graph, params: &[usize]) -> Result<(Arc<Program>, 
             match cache::compile(&b.graph, "bucketed fused program") {
                 Ok(p) => {
                     if logging() {
-                        let buckets: Vec<i64> = b.sizes.iter().map(|&s| bounded::bucket(s)).collect();
-                        eprintln!("torchtpu: new bucketed program: sizes {:?} in buckets {buckets:?}", b.sizes);
+                        eprintln!("torchtpu: new bucketed program: sizes {:?} in buckets {:?}", b.sizes, b.buckets);
                     }
                     bump(&METRICS.fused_misses);
                     bump(&METRICS.bucketed_programs);

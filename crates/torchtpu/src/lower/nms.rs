@@ -8,7 +8,7 @@
 //! suppressions: the entry's measure iterates up to `ROUNDS` rounds on the
 //! device and reads how many it took and how many boxes stay (one read, where
 //! CUDA's kernel copies its suppression bitmask to the host); the lowering
-//! runs that many rounds and returns the kept indices. Chains longer than
+//! runs at least that many rounds and returns the kept indices. Chains longer than
 //! `ROUNDS` run on the CPU (counted).
 use super::{op_measured, Cx, Entry};
 use crate::error::{Error, Result};
@@ -19,6 +19,10 @@ pub static ENTRIES: &[Entry] = &[op_measured("torchvision::nms", nms, measure)];
 
 /// Most rounds the measure runs.
 const ROUNDS: i64 = 32;
+
+/// Fewest rounds the lowering runs: most chains are shorter (a detection
+/// model's: 3 to 5), and a round costs less than the overlaps it reads.
+const FEWEST: i64 = 8;
 
 /// `later[i][j]`: box `j` comes before box `i` in score order and overlaps
 /// it beyond the threshold ([n, n], bool), the boxes' order (i64 [n]).
@@ -127,7 +131,11 @@ fn nms(cx: &mut Cx) -> Result<Vec<V>> {
     }
     let (later, order) = suppression(cx)?;
     let mut keep = cx.g.full(1.0, DType::Bool, &[n]);
-    for _ in 0..rounds {
+    // Rounds past the fixed point keep it, so a power of two of them, at
+    // least `FEWEST`, gives the same boxes in a handful of program
+    // structures rather than one per chain length (a detection model's
+    // chains of 3 to 5 compiled anew at each step that met another).
+    for _ in 0..(rounds.max(FEWEST) as u64).next_power_of_two() {
         keep = round(cx, later, keep);
     }
     // Kept positions first, in score order: sorted by (dropped, position).
