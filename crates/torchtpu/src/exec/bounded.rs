@@ -972,10 +972,11 @@ impl<'a> Builder<'a> {
             let x = match &node.op {
                 &Op::Param(n) => {
                     // A padded buffer at least as large as the bounds is taken
-                    // as it is and cut. Others are copied into the bounds of a
-                    // size one larger: what a value that grows by one each
-                    // step (a KV cache) leaves its bucketed program, so that
-                    // its first and later steps share one program.
+                    // as it is and cut. Others are copied into `copied[n]`
+                    // where a program of these buckets took one, else into
+                    // the bounds of a size one larger: what a value that grows
+                    // by one each step (a KV cache) leaves its bucketed
+                    // program, so that its first and later steps share one.
                     let bounds = self.ty(v, 0);
                     let larger = |shape: &[i64]| {
                         shape.len() == bounds.rank() && shape.iter().zip(&bounds.shape).all(|(a, b)| a >= b)
