@@ -37,6 +37,7 @@ WORKLOADS = {
     "infer": ("GPT inference, batch 1", dict(layers=8, d=1024, heads=16, seq=1024, batch=1, vocab=32768),
               dict(layers=2, d=128, heads=4, seq=64, batch=1, vocab=1024)),
     "generate": ("Llama generate()", dict(layers=8, d=1024, new=128), dict(layers=2, d=128, new=16)),
+    "op": ("a + b, f32[4], results dropped", dict(iters=5000), dict(iters=5000)),
 }
 BACKENDS = ["cuda-eager", "cuda-inductor", "tpu-fused", "tpu-strict", "tpu-compiled"]
 
@@ -108,6 +109,22 @@ def _generate_rate(size, device, sync):
     return {"tok/s": size["new"] / (time.perf_counter() - start), "tokens": out[0, -8:].tolist()}
 
 
+def _per_op_us(size, device, sync):
+    """What one tiny op costs the host in a long run of them (best of 5)."""
+    import torch
+
+    a, b = torch.ones(4, device=device), torch.ones(4, device=device)
+    best = float("inf")
+    for _ in range(6):  # the first round compiles and warms up
+        sync()
+        start = time.perf_counter()
+        for _ in range(size["iters"]):
+            a + b
+        sync()
+        best = min(best, (time.perf_counter() - start) / size["iters"] * 1e6)
+    return {"us per op": best}
+
+
 def child(workload, backend, quick, precision, steps):
     import torch
 
@@ -124,10 +141,10 @@ def child(workload, backend, quick, precision, steps):
         sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
         compiled, compile_backend = backend.endswith("inductor"), "inductor"
     size = WORKLOADS[workload][2 if quick else 1]
-    if workload == "generate":
+    if workload in ("generate", "op"):
         if compiled:
-            return {"skipped": "generate() is measured eagerly"}
-        return _generate_rate(size, device, sync)
+            return {"skipped": "measured eagerly"}
+        return (_generate_rate if workload == "generate" else _per_op_us)(size, device, sync)
     step = _model_and_step(workload, size, device, compiled, compile_backend)
     for _ in range(3):  # compilations and warm-up
         step()
@@ -247,6 +264,28 @@ def _cell(result, key):
     return "" if value is None else f"{value:.3g}"
 
 
+def _side_by_side(results, backends):
+    lines = ["## Side by side", "",
+             "synced ms: median step, each followed by a synchronize (a loop that reads its loss); "
+             "pipelined: steps/s with one synchronize at the end.", "",
+             "| workload | measure | " + " | ".join(backends) + " |",
+             "|---|---|" + "---|" * len(backends)]
+    for workload, (title, *_) in WORKLOADS.items():
+        keys = {"generate": ["tok/s"], "op": ["us per op"]}.get(workload, ["synced ms", "pipelined /s"])
+        for key in keys:
+            cells = [_cell(results.get((workload, b)), key) for b in backends]
+            if any(cells):
+                lines.append(f"| {title} | {key} | " + " | ".join(cells) + " |")
+    lines += ["", "Compilations and CPU fallbacks of the tpu runs:", ""]
+    for (workload, backend), r in results.items():
+        if backend.startswith("tpu") and "compilations" in r:
+            lines.append(f"- {workload} {backend}: {r['compilations']} compilations, fallbacks {r['fallbacks'] or 'none'}")
+    for (workload, backend), r in results.items():
+        if "error" in r:
+            lines += ["", f"### {workload} on {backend} failed", "", "```", r["error"].strip()[-1500:], "```"]
+    return lines
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="gpu-report.md")
@@ -255,6 +294,8 @@ def main():
     parser.add_argument("--quick", action="store_true", help="small sizes (the default without CUDA)")
     parser.add_argument("--precision", default="high", choices=["highest", "high", "medium"])
     parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--pairs", help="workload:backend,... to measure, in this order (default: all); "
+                        "the report is rewritten after each, so a run cut short keeps what it measured")
     parser.add_argument("--child", nargs=2, metavar=("WORKLOAD", "BACKEND"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -284,31 +325,17 @@ def main():
     lines.append("")
 
     backends = BACKENDS if cuda else ["cpu-eager", "tpu-fused", "tpu-strict", "tpu-compiled"]
+    pairs = ([tuple(p.split(":")) for p in args.pairs.split(",")] if args.pairs
+             else [(w, b) for w in WORKLOADS for b in backends])
+    backends = [b for b in backends if any(b == pb for _, pb in pairs)]
     results = {}
-    for workload in WORKLOADS:
-        for backend in backends:
-            code, out = _python([__file__, "--child", workload, backend, "--precision", args.precision,
-                                 "--steps", str(args.steps), *(["--quick"] if quick else [])], 1800)
-            results[workload, backend] = json.loads(out) if code == 0 else {"error": out}
-            print(workload, backend, results[workload, backend], flush=True)
-
-    lines += ["## Side by side", "",
-              "synced ms: median step, each followed by a synchronize (a loop that reads its loss); "
-              "pipelined: steps/s with one synchronize at the end.", "",
-              "| workload | measure | " + " | ".join(backends) + " |",
-              "|---|---|" + "---|" * len(backends)]
-    for workload, (title, *_) in WORKLOADS.items():
-        keys = ["tok/s"] if workload == "generate" else ["synced ms", "pipelined /s"]
-        for key in keys:
-            cells = [_cell(results.get((workload, b)), key) for b in backends]
-            lines.append(f"| {title} | {key} | " + " | ".join(cells) + " |")
-    lines += ["", "Compilations and CPU fallbacks of the tpu runs:", ""]
-    for (workload, backend), r in results.items():
-        if backend.startswith("tpu") and "compilations" in r:
-            lines.append(f"- {workload} {backend}: {r['compilations']} compilations, fallbacks {r['fallbacks'] or 'none'}")
-    errors = [(k, r["error"]) for k, r in results.items() if "error" in r]
-    for (workload, backend), err in errors:
-        lines += ["", f"### {workload} on {backend} failed", "", "```", err.strip()[-1500:], "```"]
+    for workload, backend in pairs:
+        code, out = _python([__file__, "--child", workload, backend, "--precision", args.precision,
+                             "--steps", str(args.steps), *(["--quick"] if quick else [])], 1800)
+        results[workload, backend] = json.loads(out) if code == 0 else {"error": out}
+        print(workload, backend, results[workload, backend], flush=True)
+        Path(args.out).write_text("\n".join(lines + _side_by_side(results, backends)) + "\n")
+    lines += _side_by_side(results, backends)
 
     if not args.no_suite:
         env = {"TORCHTPU_PJRT_PLUGIN": plugin} if os.path.exists(plugin) else {}
