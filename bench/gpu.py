@@ -97,7 +97,7 @@ def _generate_rate(size, device, sync):
     model = LlamaForCausalLM(LlamaConfig(vocab_size=32000, hidden_size=d, intermediate_size=4 * d,
                                          num_hidden_layers=size["layers"], num_attention_heads=max(1, d // 64),
                                          num_key_value_heads=max(1, d // 128))).to(device).eval()
-    prompt = torch.randint(0, 32000, (1, 32), device=device)
+    prompt = torch.randint(0, 32000, (1, 32)).to(device)  # CPU's generator: the same prompt on every backend
 
     def run():
         out = model.generate(prompt, max_new_tokens=size["new"], do_sample=False, min_new_tokens=size["new"])
@@ -223,6 +223,8 @@ print(f"CUDA eager and Inductor training with torchtpu installed: loss {loss.ite
     "cuda-refused-beside-tpu": """
 import torch, torchtpu
 assert (torch.ones(2, device="tpu") * 2).sum().item() == 4
+assert not torch.cuda.is_available()
+assert torch.compile(lambda x: x * 2, backend="tpu")(torch.ones(2, device="tpu")).sum().item() == 4
 try:
     torch.ones(2, device="cuda")
     raise AssertionError("CUDA initialised beside tpu")

@@ -29,6 +29,10 @@ if torch.cuda._is_compiled():
     if torch.cuda.is_initialized():
         raise RuntimeError(f"torchtpu: tpu cannot join a process that already uses CUDA. {_ONE_ACCELERATOR}")
     torch.cuda._lazy_call(_refuse_cuda)
+    # Code that asks first is told CUDA is not this process's: Dynamo, for one,
+    # saves CUDA's RNG state around every frame it compiles where CUDA is
+    # available, which would initialise CUDA only to be refused.
+    torch.cuda.is_available = lambda: False
 
 configure_plugin()
 

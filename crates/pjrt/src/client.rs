@@ -220,6 +220,8 @@ impl Client {
             bytes_limit: set(args.bytes_limit, args.bytes_limit_is_set),
             bytes_reserved: set(args.bytes_reserved, args.bytes_reserved_is_set),
             peak_bytes_reserved: set(args.peak_bytes_reserved, args.peak_bytes_reserved_is_set),
+            pool_bytes: set(args.pool_bytes, args.pool_bytes_is_set),
+            peak_pool_bytes: set(args.peak_pool_bytes, args.peak_pool_bytes_is_set),
         })
     }
 
@@ -256,6 +258,9 @@ pub struct MemoryStats {
     pub bytes_limit: Option<i64>,
     pub bytes_reserved: Option<i64>,
     pub peak_bytes_reserved: Option<i64>,
+    /// What a pooling allocator (XLA's BFC on GPUs) holds from the device.
+    pub pool_bytes: Option<i64>,
+    pub peak_pool_bytes: Option<i64>,
 }
 
 impl ClientInner {

@@ -76,10 +76,14 @@ pub fn stats(device: usize) -> Result<DeviceStats> {
     let plugin = rt.client.memory_stats(rt.device(device)?).ok();
     Ok(with_stats(device, |s| {
         let mut out = *s;
-        out.reserved = match plugin.and_then(|p| p.bytes_reserved.map(|r| (r, p.peak_bytes_reserved))) {
-            Some((current, peak)) => Stat { current, peak: peak.unwrap_or(current), ..Stat::default() },
-            None => Stat { current: s.bytes.current, peak: s.bytes.peak, ..Stat::default() },
-        };
+        // What the allocator holds: its pool where it has one (XLA's BFC on
+        // GPUs reports `bytes_reserved` 0 beside it), never less than the live
+        // buffers, as PyTorch's reserved is never below allocated.
+        let held = plugin.and_then(|p| {
+            p.pool_bytes.map(|b| (b, p.peak_pool_bytes)).or(p.bytes_reserved.map(|b| (b, p.peak_bytes_reserved)))
+        });
+        let (current, peak) = held.map_or((0, 0), |(current, peak)| (current, peak.unwrap_or(current)));
+        out.reserved = Stat { current: current.max(s.bytes.current), peak: peak.max(s.bytes.peak), ..Stat::default() };
         out
     }))
 }
