@@ -296,6 +296,7 @@ def main():
     parser.add_argument("--quick", action="store_true", help="small sizes (the default without CUDA)")
     parser.add_argument("--precision", default="high", choices=["highest", "high", "medium"])
     parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--checks", help="the checks to run, comma-separated (default: all)")
     parser.add_argument("--pairs", help="workload:backend,... to measure, in this order (default: all); "
                         "the report is rewritten after each, so a run cut short keeps what it measured")
     parser.add_argument("--child", nargs=2, metavar=("WORKLOAD", "BACKEND"), help=argparse.SUPPRESS)
@@ -317,6 +318,8 @@ def main():
 
     lines += ["## Checks", ""]
     for name, code_text in CHECKS.items():
+        if args.checks is not None and name not in args.checks.split(","):
+            continue
         if name in CUDA_ONLY and not cuda:
             lines.append(f"- **{name}**: skipped (no CUDA here)")
             continue

@@ -1,6 +1,7 @@
 """Fused mode: one program per training step, cache keys that ignore values,
 state kept exact across flushes, the persistent cache and the diagnostics."""
 import ast
+import json
 import os
 import subprocess
 import sys
@@ -351,6 +352,61 @@ def test_an_unread_loop_is_cut_into_whole_iterations(tmp_path):
     """, TORCHTPU_FUSE_LIMIT="200", TORCHTPU_CACHE_DIR="")
     compilations, parts, replays = map(int, out.stdout.split())
     assert parts >= 20 and compilations <= 3 and replays >= parts - 3, out.stdout
+
+
+def test_a_long_step_runs_in_parts_met_again(tmp_path):
+    """Where the device is not the host's cores, a long step is flushed in
+    parts so that the device starts on one while Python records the next
+    (TORCHTPU_PART_OPS; off by default on XLA:CPU). The cuts fall at the same
+    ops every step: from step 3 each part replays, nothing compiles, and the
+    losses are CPU's."""
+    out = run_script(tmp_path, """
+        import json, torch, torchtpu
+        from workloads import train
+        deltas, before = [], [torchtpu.metrics()]
+        def on_step(*_):
+            now = torchtpu.metrics()
+            deltas.append([now[k] - before[0][k] for k in ("executions", "fused_replays", "compilations")])
+            before[0] = now
+        losses = train("transformer", "tpu", 6, 1e-4, on_step=on_step, dropout=0.0)
+        print(json.dumps([deltas, losses, torchtpu.metrics()["flushes"].get("part", 0)]))
+    """, TORCHTPU_PART_OPS="64", TORCHTPU_CACHE_DIR="")
+    deltas, losses, parts = json.loads(out.stdout)
+    executions = deltas[2][0]
+    assert executions >= 3 and parts >= 6 * (executions - 1), out.stdout
+    assert deltas[2:] == [[executions, executions, 0]] * 4, deltas
+    expected = train("transformer", "cpu", 6, 1e-4, dropout=0.0)
+    torch.testing.assert_close(torch.tensor(losses), torch.tensor(expected), rtol=1e-4, atol=0)
+
+
+def test_an_unread_loop_runs_the_programs_of_a_read_one():
+    """A step met before that begins again unread is flushed there: a loop
+    that synchronizes only at its end replays the program its synchronized
+    steps compiled, compiling nothing, with CPU's values."""
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.GELU(), torch.nn.Linear(64, 8))
+    x = torch.randn(4, 32)
+    tnet, tx = net.to("tpu"), x.to("tpu")
+    state = torch.zeros(4, 8, device="tpu")
+
+    def forward(net, x, state):
+        with torch.no_grad():
+            state.add_(net(x).tanh())
+
+    for _ in range(3):
+        forward(tnet, tx, state)
+        torch.tpu.synchronize()
+    torchtpu.reset_metrics()
+    for _ in range(20):
+        forward(tnet, tx, state)
+    torch.tpu.synchronize()
+    m = torchtpu.metrics()
+    assert m["compilations"] == 0 and m["flushes"]["step_repeat"] == 19, m
+    assert m["fused_replays"] == 20, m
+    expected = torch.zeros(4, 8)
+    for _ in range(23):
+        forward(net.cpu(), x, expected)
+    torch.testing.assert_close(state.cpu(), expected)
 
 
 def test_size_bound_splits_long_traces(tmp_path):

@@ -43,6 +43,11 @@ pub enum Reason {
     Step,
     /// The trace reached its size bound.
     Size,
+    /// A long step is flushed in parts, so that the device starts on one
+    /// while Python records the next.
+    Part,
+    /// A step met before begins again without having been read.
+    Repeat,
     /// An operator without a lowering runs on the CPU.
     Fallback,
     /// An op on another device than the trace's.
@@ -66,6 +71,8 @@ impl Reason {
             Reason::Synchronize => "synchronize",
             Reason::Step => "optimizer_step",
             Reason::Size => "size_limit",
+            Reason::Part => "part",
+            Reason::Repeat => "step_repeat",
             Reason::Fallback => "cpu_fallback",
             Reason::Device => "device_change",
             Reason::Mode => "mode_change",
@@ -82,6 +89,8 @@ impl Reason {
             Reason::Synchronize,
             Reason::Step,
             Reason::Size,
+            Reason::Part,
+            Reason::Repeat,
             Reason::Fallback,
             Reason::Device,
             Reason::Mode,
@@ -180,6 +189,13 @@ pub struct Trace {
     spliced: usize,
     /// Data-dependent errors of spliced ops, as graph nodes.
     checks: Vec<Check>,
+    /// The step being recorded, across its parts: ops since the last flush
+    /// at a boundary of the user's (a read, a synchronize, an optimizer
+    /// step, ...), and the address of the plan that began it; and the steps
+    /// met so far, as (first plan, ops).
+    since: usize,
+    first: usize,
+    steps: Vec<(usize, usize)>,
 }
 
 static TRACE: Mutex<Option<Trace>> = Mutex::new(None);
@@ -226,10 +242,24 @@ pub fn end_capture() -> Option<Trace> {
 static LAUNCHED_CHECKS: Mutex<Vec<(Arc<DeviceBuffer>, Option<Arc<DeviceBuffer>>, Kind, String)>> =
     Mutex::new(Vec::new());
 
+fn env_usize(name: &str, default: impl FnOnce() -> usize, cell: &'static OnceLock<usize>) -> usize {
+    *cell.get_or_init(|| std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or_else(default))
+}
+
 /// Nodes after which a trace is flushed, bounding compile time and memory.
 fn size_limit() -> usize {
     static LIMIT: OnceLock<usize> = OnceLock::new();
-    *LIMIT.get_or_init(|| std::env::var("TORCHTPU_FUSE_LIMIT").ok().and_then(|v| v.parse().ok()).unwrap_or(40_000))
+    env_usize("TORCHTPU_FUSE_LIMIT", || 40_000, &LIMIT)
+}
+
+/// Ops after which a step is flushed in parts (`TORCHTPU_PART_OPS`). Not
+/// on XLA:CPU, whose device is the cores Python records on: there a synced
+/// step already costs what a pipelined one does, and a cut only costs
+/// fusion (bench/RESULTS.md, 2026-11-26).
+fn part_ops() -> usize {
+    static OPS: OnceLock<usize> = OnceLock::new();
+    let on_cpu = || runtime::get().is_ok_and(|rt| rt.client.platform_name() == "cpu");
+    env_usize("TORCHTPU_PART_OPS", || if on_cpu() { usize::MAX } else { 128 }, &OPS)
 }
 
 pub fn logging() -> bool {
@@ -240,15 +270,60 @@ pub fn logging() -> bool {
 impl Trace {
     /// A trace recording after `t` was flushed: its lists sized as `t`'s
     /// were, so that a step recorded again does not grow them op by op.
-    fn after(t: &Trace) -> Trace {
+    fn after(t: &mut Trace) -> Trace {
         Trace {
             epoch: next_epoch(),
             params: Vec::with_capacity(t.params.len()),
             records: Vec::with_capacity(t.records.len()),
             operands: Vec::with_capacity(t.operands.len()),
             pending: Vec::with_capacity(t.pending.len()),
+            since: t.since,
+            first: t.first,
+            steps: std::mem::take(&mut t.steps),
             ..Trace::default()
         }
+    }
+
+    /// A flush for `reason` ends the step being recorded unless it cuts the
+    /// step itself (a part, the size bound): the step is then one met.
+    fn end_step(&mut self, reason: Reason) {
+        if matches!(reason, Reason::Part | Reason::Size) || self.since == 0 {
+            return;
+        }
+        let step = (self.first, self.since);
+        if !self.steps.contains(&step) {
+            if self.steps.len() == 8 {
+                self.steps.remove(0);
+            }
+            self.steps.push(step);
+        }
+        self.since = 0;
+    }
+
+    /// Why the trace ends before `plan` is recorded, if it does. Cuts fall
+    /// where they fall again at the next step, so that each part is a
+    /// program met again (a replay) and the device runs one part while
+    /// Python records the next:
+    /// - a step met before begins again: a loop that never reads its values
+    ///   runs the programs of one that does;
+    /// - past half the part size (or half the size bound), before the op
+    ///   that began the trace comes round again: a repeated structure (a
+    ///   layer, an iteration) is cut whole;
+    /// - at the part size regardless.
+    fn cut_before(&self, plan: &Arc<Plan>) -> Option<Reason> {
+        if self.capture || self.records.is_empty() {
+            return None;
+        }
+        let at = Arc::as_ptr(plan) as usize;
+        if self.first == at && self.steps.contains(&(at, self.since)) {
+            return Some(Reason::Repeat);
+        }
+        let recurs = Arc::ptr_eq(&self.records[0].plan, plan);
+        if recurs && self.nodes > size_limit() / 2 {
+            return Some(Reason::Size);
+        }
+        let n = self.records.len();
+        (n >= part_ops() || recurs && n >= part_ops() / 2).then_some(Reason::Part)
     }
 
     fn param(&mut self, param: Param) -> Operand {
@@ -395,14 +470,8 @@ pub fn record(plan: &Arc<Plan>, args: &[Arg], device: usize) -> Result<Vec<Value
     if guard.as_ref().is_some_and(|t| t.device != device && !t.records.is_empty()) {
         flush_locked(&mut guard, Reason::Device)?;
     }
-    // Past half the size bound, a trace ends before the op that began it
-    // comes round again: a loop that never reads its values is cut into
-    // whole iterations, one program met again and again (cut at the bound
-    // itself, each part would start elsewhere in the loop: a new program).
-    if guard.as_ref().is_some_and(|t| {
-        !t.capture && t.nodes > size_limit() / 2 && t.records.first().is_some_and(|r| Arc::ptr_eq(&r.plan, plan))
-    }) {
-        flush_locked(&mut guard, Reason::Size)?;
+    if let Some(reason) = guard.as_ref().and_then(|t| t.cut_before(plan)) {
+        flush_locked(&mut guard, reason)?;
     }
     let t = guard.get_or_insert_with(Trace::default);
     t.device = device;
@@ -413,6 +482,10 @@ pub fn record(plan: &Arc<Plan>, args: &[Arg], device: usize) -> Result<Vec<Value
     }
     t.records.push(Record { plan: plan.clone(), operands: first, source });
     t.nodes += plan.graph.nodes.len();
+    if t.since == 0 {
+        t.first = Arc::as_ptr(plan) as usize;
+    }
+    t.since += 1;
     let g = &plan.graph;
     let results = g.outputs[..plan.outputs.len()]
         .iter()
@@ -446,7 +519,7 @@ fn uncapturable(reason: Reason) -> Error {
 fn flush_locked(slot: &mut Option<Trace>, reason: Reason) -> Result<()> {
     // Only where Python goes on recording (and the trace likely compiles);
     // the others launch in order after the flushes already queued.
-    let overlapped = matches!(reason, Reason::Step | Reason::Size)
+    let overlapped = matches!(reason, Reason::Step | Reason::Size | Reason::Part | Reason::Repeat)
         && slot.as_ref().is_some_and(|t| {
             !t.capture && overlap::first_time(t.records.iter().map(|r| Arc::as_ptr(&r.plan) as usize))
         });
@@ -456,11 +529,12 @@ fn flush_locked(slot: &mut Option<Trace>, reason: Reason) -> Result<()> {
     let Some(t) = slot.as_mut() else {
         return Ok(());
     };
+    if t.capture && !t.records.is_empty() {
+        return Err(uncapturable(reason));
+    }
+    t.end_step(reason);
     if t.records.is_empty() {
         return Ok(());
-    }
-    if t.capture {
-        return Err(uncapturable(reason));
     }
     let next = Trace::after(t);
     let trace = std::mem::replace(t, next);
