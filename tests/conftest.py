@@ -5,6 +5,9 @@ import tempfile
 
 # Compiled programs persist in a directory of the test session's own.
 os.environ.setdefault("TORCHTPU_CACHE_DIR", tempfile.mkdtemp(prefix="torchtpu-cache-"))
+# One program per step on every plugin (the tests count them): parts of long
+# steps, on by default off XLA:CPU, are tested where a test asks for them.
+os.environ.setdefault("TORCHTPU_PART_OPS", "0")
 
 import pytest
 import torch

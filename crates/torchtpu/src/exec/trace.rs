@@ -252,14 +252,17 @@ fn size_limit() -> usize {
     env_usize("TORCHTPU_FUSE_LIMIT", || 40_000, &LIMIT)
 }
 
-/// Ops after which a step is flushed in parts (`TORCHTPU_PART_OPS`). Not
-/// on XLA:CPU, whose device is the cores Python records on: there a synced
-/// step already costs what a pipelined one does, and a cut only costs
-/// fusion (bench/RESULTS.md, 2026-11-26).
+/// Ops after which a step is flushed in parts (`TORCHTPU_PART_OPS`, 0 for
+/// none). None on XLA:CPU, whose device is the cores Python records on:
+/// there a synced step already costs what a pipelined one does, and a cut
+/// only costs fusion (bench/RESULTS.md, 2026-11-26).
 fn part_ops() -> usize {
     static OPS: OnceLock<usize> = OnceLock::new();
     let on_cpu = || runtime::get().is_ok_and(|rt| rt.client.platform_name() == "cpu");
-    env_usize("TORCHTPU_PART_OPS", || if on_cpu() { usize::MAX } else { 128 }, &OPS)
+    match env_usize("TORCHTPU_PART_OPS", || if on_cpu() { 0 } else { 128 }, &OPS) {
+        0 => usize::MAX,
+        n => n,
+    }
 }
 
 pub fn logging() -> bool {
