@@ -269,16 +269,19 @@ fn batch_into_features(cx: &mut Cx, v: V, groups: i64, order: &[i64; 3], join_fi
 
 /// How a convolution lowers as taps: one strided slice of the input per
 /// kernel offset, combined with that offset's weights and summed. XLA:CPU
-/// runs feature-grouped convolutions as naive loops (~0.5 GFLOP/s) and
-/// rewrites convolutions whose kernel exceeds the input (ResNet's last
-/// stage: 3x3 kernels over 2x2 maps) into a layout its fast path lacks
-/// (60x slower than CPU's); as taps they are fused loops and matrix products.
+/// runs feature-grouped convolutions as naive loops (~0.5 GFLOP/s), and its
+/// dense convolutions are slow over small maps of many channels (ResNet's
+/// later stages: 3x3 kernels over 2x2 to 8x8 maps, up to 60x slower than
+/// CPU's); as taps they are fused loops and matrix products. Over large maps
+/// of few channels its own convolution is faster (bench/RESULTS.md).
 #[derive(Clone, Copy, PartialEq)]
 enum Taps {
     /// One input and one output channel per group (MobileNet's, ConvNeXt's):
     /// each tap multiplies its slice by per-channel weights.
     Depthwise,
-    /// One group, a few kernel offsets: each tap is a [out, in] matrix product.
+    /// One group, a few kernel offsets, and no more output positions (over
+    /// the batch) than weights per offset: each tap is a [out, in] matrix
+    /// product whose weights outweigh the activations it moves.
     Dense,
 }
 
@@ -288,20 +291,25 @@ const DENSE_TAPS: i64 = 9;
 /// The taps and their window of a convolution, if it lowers as taps.
 fn taps(p: &Params, input: &[i64], weight: &[i64]) -> Option<(Taps, Window)> {
     let n = weight.len().checked_sub(2)?;
-    let depthwise = p.groups > 1 && p.groups == input[1] && weight[0] == p.groups && weight[1] == 1;
-    let dense = p.groups == 1 && weight[2..].iter().product::<i64>() <= DENSE_TAPS;
-    let kind = match (depthwise, dense) {
-        _ if p.transposed || input.contains(&0) || weight.contains(&0) => return None,
-        (true, _) => Taps::Depthwise,
-        (_, true) => Taps::Dense,
-        _ => return None,
-    };
+    if p.transposed || input.contains(&0) || weight.contains(&0) {
+        return None;
+    }
     let output: Vec<i64> = (0..n)
         .map(|i| (input[i + 2] + 2 * p.padding[i] - dilated(weight[i + 2], p.dilation[i])) / p.stride[i] + 1)
         .collect();
     if output.iter().any(|&o| o <= 0) {
         return None;
     }
+    let positions = input[0] * output.iter().product::<i64>();
+    let depthwise = p.groups > 1 && p.groups == input[1] && weight[0] == p.groups && weight[1] == 1;
+    let dense = p.groups == 1
+        && weight[2..].iter().product::<i64>() <= DENSE_TAPS
+        && positions <= weight[0] * weight[1];
+    let kind = match (depthwise, dense) {
+        (true, _) => Taps::Depthwise,
+        (_, true) => Taps::Dense,
+        _ => return None,
+    };
     let window = Window {
         kernel: weight[2..].to_vec(),
         stride: p.stride.clone(),
