@@ -302,9 +302,8 @@ fn taps(p: &Params, input: &[i64], weight: &[i64]) -> Option<(Taps, Window)> {
     }
     let positions = input[0] * output.iter().product::<i64>();
     let depthwise = p.groups > 1 && p.groups == input[1] && weight[0] == p.groups && weight[1] == 1;
-    let dense = p.groups == 1
-        && weight[2..].iter().product::<i64>() <= DENSE_TAPS
-        && positions <= weight[0] * weight[1];
+    let dense =
+        p.groups == 1 && weight[2..].iter().product::<i64>() <= DENSE_TAPS && positions <= weight[0] * weight[1];
     let kind = match (depthwise, dense) {
         (true, _) => Taps::Depthwise,
         (_, true) => Taps::Dense,
