@@ -20,6 +20,15 @@ import torchtpu
 CPU_PLUGIN = torchtpu._plugin.find_plugin()[1]
 
 
+def require_autoload():
+    """Skips where `import torch` alone leaves tpu unregistered: on a machine
+    with a CUDA/ROCm GPU, by design (python/_torchtpu_autoload)."""
+    from _torchtpu_autoload import wanted
+
+    if not wanted(torch):
+        pytest.skip("import torch does not load torchtpu on a machine with a CUDA/ROCm GPU")
+
+
 def require_devices(n):
     """Skips unless `n` devices can be had: the CPU plugin splits into as many
     as asked (TORCHTPU_DEVICE_COUNT, or one per local rank under torchrun);

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import torchtpu
-from conftest import require_devices, run_python
+from conftest import require_autoload, require_devices, run_python
 
 
 def test_device_module():
@@ -216,6 +216,8 @@ def test_untyped_storage_and_resize():
 @pytest.mark.parametrize("imports", ["import torch", "import torchtpu, torch", "import torchtpu._plugin, torch"])
 def test_import_orders(imports):
     """Autoload makes `import torch` enough; importing torchtpu first works too."""
+    if imports == "import torch":
+        require_autoload()
     code = f"{imports}; x = torch.ones(2, device='tpu'); print((x + 1).sum().item())"
     out = run_python(code)
     assert out.stdout.strip() == str((torch.ones(2) + 1).sum().item())

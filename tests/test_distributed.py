@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from conftest import require_devices
 
@@ -93,6 +94,8 @@ def test_pipeline_stage_whose_peer_never_sends_raises_within_the_timeout():
     assert "raised after" in outputs[1], outputs[1]
 
 
+@pytest.mark.skipif(not hasattr(torch.distributed.distributed_c10d, "_create_gloo_process_group"),
+                    reason="this torch makes nccl groups without a registered creator (before 2.15)")
 def test_nccl_names_the_backends_that_carry_tpu_tensors():
     outputs = launch("nccl_refused", world=1)
     assert "'nccl' carries CUDA tensors only" in outputs[0] and "'gloo'" in outputs[0], outputs[0]

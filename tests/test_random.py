@@ -9,6 +9,8 @@ import pytest
 import torch
 import torchtpu
 
+from conftest import require_autoload, require_devices
+
 N = 200_000
 
 
@@ -244,6 +246,8 @@ def test_seeding_starts_no_runtime():
     import subprocess
     import sys
 
+    require_autoload()
+    require_devices(2)
     program = """
 import torch
 torch.tpu.manual_seed_all(1)

@@ -68,7 +68,8 @@ CHANGING = """
 
 def _run(args, cache, cwd):
     out = subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=300, cwd=cwd,
-                         env=dict(os.environ, PYTHONPATH=str(EXAMPLES), TORCHTPU_CACHE_DIR=str(cache)))
+                         env=dict(os.environ, PYTHONPATH=os.pathsep.join([str(EXAMPLES), os.environ.get("PYTHONPATH", "")]),
+                                  TORCHTPU_CACHE_DIR=str(cache)))
     assert out.returncode == 0, out.stderr
     return out.stdout
 

@@ -16,7 +16,7 @@ import torch
 pytest.importorskip("accelerate", reason="pip install --no-deps -r requirements-models.txt")
 pytest.importorskip("lightning", reason="pip install --no-deps -r requirements-models.txt")
 
-from conftest import require_devices  # noqa: E402
+from conftest import require_autoload, require_devices  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -110,6 +110,7 @@ def test_accelerator_fp16_on_tpu():
 def test_a_script_that_imports_accelerate_before_torch():
     """`import torch` inside Accelerate's own import loads torchtpu while
     Accelerate's modules are half made: they are adjusted on first use."""
+    require_autoload()
     program = ("from accelerate import Accelerator\n"
                "accelerator = Accelerator(mixed_precision='fp16')\n"
                "assert (accelerator.device.type, accelerator.scaler._device) == ('tpu', 'tpu')\n")

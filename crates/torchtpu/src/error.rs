@@ -54,7 +54,7 @@ impl fmt::Display for Error {
 }
 
 /// PJRT's (absl's) status code of exhausted device memory.
-const RESOURCE_EXHAUSTED: i32 = 8;
+pub const RESOURCE_EXHAUSTED: i32 = 8;
 
 impl From<pjrt::Error> for Error {
     fn from(e: pjrt::Error) -> Error {

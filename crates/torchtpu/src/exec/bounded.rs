@@ -1158,7 +1158,7 @@ fn copy_box(src: &[u8], from: &[i64], to: &[i64], real: &[i64], size: usize) -> 
 fn reshaped(buf: &Arc<DeviceBuffer>, shape: Option<&[i64]>) -> Result<Arc<DeviceBuffer>> {
     let size = buf.ty.dtype.size();
     let mut bytes = vec![0u8; buf.shape().iter().product::<i64>() as usize * size];
-    buf.buf.to_host(&mut bytes)?;
+    buf.to_host(&mut bytes)?;
     bump(&METRICS.transfers_to_host);
     let to = shape.unwrap_or(&buf.ty.shape);
     let bytes = copy_box(&bytes, buf.shape(), to, &buf.ty.shape, size);

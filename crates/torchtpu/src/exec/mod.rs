@@ -410,7 +410,7 @@ fn measure(op: &OpDef, measure: lower::Lowering, args: &[Arg], device: usize) ->
     trace::flush(Reason::DataDependent)?;
     let out = execute(&plan, &op.name, args, device)?.remove(0);
     let mut bytes = vec![0u8; out.ty.numel() as usize * 8];
-    out.buf.to_host(&mut bytes)?;
+    out.to_host(&mut bytes)?;
     bump(&METRICS.transfers_to_host);
     Ok(bytes.chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().unwrap())).collect())
 }
@@ -592,7 +592,7 @@ pub fn synchronize() -> Result<()> {
 pub fn check_message(message: &str, values: Option<&DeviceBuffer>) -> Result<String> {
     let Some(values) = values else { return Ok(message.to_string()) };
     let mut bytes = vec![0u8; values.buf.on_device_size()?];
-    values.buf.to_host(&mut bytes)?;
+    values.to_host(&mut bytes)?;
     Ok(bytes.chunks_exact(8).fold(message.to_string(), |m, word| {
         m.replacen("{}", &i64::from_le_bytes(word.try_into().unwrap()).to_string(), 1)
     }))
@@ -600,7 +600,7 @@ pub fn check_message(message: &str, values: Option<&DeviceBuffer>) -> Result<Str
 
 pub fn read_bool(b: &DeviceBuffer) -> Result<bool> {
     let mut byte = [0u8; 1];
-    b.buf.to_host(&mut byte)?;
+    b.to_host(&mut byte)?;
     Ok(byte[0] != 0)
 }
 
@@ -642,7 +642,7 @@ fn execute(plan: &Plan, what: &str, args: &[Arg], device: usize) -> Result<Vec<A
     outs.truncate(plan.outputs.len());
     if mode() == Mode::Debug {
         for b in &outs {
-            b.buf.await_ready().map_err(|e| Error::runtime(format!("torchtpu: {what} failed: {e}")))?;
+            b.buf.await_ready().map_err(|e| launch_error(e, what, device))?;
         }
         if std::env::var("TORCHTPU_DEBUG_NANS").is_ok_and(|v| v == "1") {
             check_finite(&outs, what, device)?;
@@ -663,7 +663,7 @@ fn check_finite(outs: &[Arc<DeviceBuffer>], what: &str, device: usize) -> Result
     for b in outs.iter().filter(|b| b.ty.dtype.is_float()) {
         let b = bounded::unpad(b)?;
         let mut bytes = vec![0u8; b.ty.numel() as usize * b.ty.dtype.size()];
-        b.buf.to_host(&mut bytes)?;
+        b.to_host(&mut bytes)?;
         let bad = match b.ty.dtype {
             DType::F32 => bytes.chunks_exact(4).any(|c| !f32::from_le_bytes(c.try_into().unwrap()).is_finite()),
             DType::F64 => bytes.chunks_exact(8).any(|c| !f64::from_le_bytes(c.try_into().unwrap()).is_finite()),
@@ -782,7 +782,7 @@ pub fn copy(src: &Tensor, dst: &Tensor) -> Result<()> {
             let n = dst.numel() as usize * dst.dtype.size();
             // SAFETY: the adapter passes a contiguous, writable host tensor of n bytes.
             let out = unsafe { std::slice::from_raw_parts_mut(dst.host as *mut u8, n) };
-            buf.buf.to_host(out)?;
+            buf.to_host(out)?;
             bump(&METRICS.transfers_to_host);
             Ok(())
         }

@@ -182,6 +182,12 @@ fn find_or_compile(graph: &Graph, what: &str, replicas: Option<&[i32]>, compile:
                 None => rt.client.compile_with(&mlir, portable),
             };
             let exe = exe.map_err(|e| {
+                // XLA's GPU compiler allocates the program's arguments to
+                // autotune it: an argument too large for the device fails here.
+                if e.code == crate::error::RESOURCE_EXHAUSTED {
+                    let device = replicas.and_then(|r| r.first()).map_or(0, |&d| d as usize);
+                    return Error::on_device(e, &format!("compiling {what}"), device);
+                }
                 let file = dump(&mlir, what).map_or("(could not write the dump)".into(), |p| p.display().to_string());
                 Error::runtime(format!("torchtpu: XLA failed to compile {what}: {e}\nStableHLO written to {file}"))
             })?;

@@ -51,6 +51,13 @@ impl DeviceBuffer {
     fn bytes(&self) -> i64 {
         self.shape().iter().product::<i64>() * self.ty.dtype.size() as i64
     }
+
+    /// Copies the buffer's bytes into `out`. A plugin that allocates as the
+    /// program runs (XLA's GPU plugin) reports a program's failure, out of
+    /// memory included, only here, when its result is read.
+    pub fn to_host(&self, out: &mut [u8]) -> Result<()> {
+        self.buf.to_host(out).map_err(|e| Error::on_device(e, "computing a value read back", self.device))
+    }
 }
 
 /// Freeing a PJRT buffer waits for the programs still using it, so buffers
