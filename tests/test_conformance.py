@@ -14,7 +14,7 @@ from conformance import sweep
 from conformance.known_failures import known_failure
 from test_ops import OPS
 
-CI_SAMPLES = 2
+CI_SAMPLES = 1
 
 
 @pytest.fixture(scope="session")

@@ -109,15 +109,16 @@ KNOWN_GAPS = {
 }
 
 # Debug mode runs this many samples per (op, dtype), fused and strict at
-# most MODE_SAMPLES each.
-DEBUG_SAMPLES = 3
-MODE_SAMPLES = 8
+# most MODE_SAMPLES each, SLOW_SAMPLES of the entries slow to compile
+# (`make conformance`: every sample in every mode).
+DEBUG_SAMPLES = 1
+MODE_SAMPLES = 5
+SLOW_SAMPLES = 3
 
 # Entries whose programs take seconds each to compile (a strided slice or a
 # gather per window offset; LU's step per column, XLA's QR and eigh
 # expansions; unique_consecutive's sizes are measured by a program of their
-# own per sample): every mode runs DEBUG_SAMPLES of their samples, `make
-# conformance` all of them.
+# own per sample).
 SLOW_TO_COMPILE = {name for name in OPS if "pool" in name or "interpolate" in name or "upsample" in name}
 SLOW_TO_COMPILE |= {*FACTORIZATIONS, "unique_consecutive"}
 
@@ -135,22 +136,29 @@ def samples(name, dtype, mode, requires_grad=False):
     """The op's CPU samples one mode runs. A lowering is the same in every
     mode, so fused and strict split the samples (alternate ones of a seeded
     shuffle): together they run each sample once, at half the compilations.
+    Gradients are fused mode's (strict mode compiles each backward op on its
+    own, ~4x the time per sample): fused runs both halves, strict one sample.
     Debug mode runs DEBUG_SAMPLES of strict's (it shares strict's compiled
-    programs, so it mostly costs execution), and so does every mode for the
-    entries slow to compile. `make conformance` runs every sample in every
-    mode."""
+    programs); the entries slow to compile run SLOW_SAMPLES. `make
+    conformance` runs every sample in every mode."""
     found = compare.samples(name, dtype, None, requires_grad)
     random.Random(f"{name}.{dtype}").shuffle(found)
+    count = DEBUG_SAMPLES if mode == "debug" else SLOW_SAMPLES if name in SLOW_TO_COMPILE else MODE_SAMPLES
+    if requires_grad:
+        return found[:2 * count] if mode == "fused" else found[:DEBUG_SAMPLES]
     if len(found) > 1:
         found = found[0::2] if mode == "fused" else found[1::2]
-    return found[:DEBUG_SAMPLES if mode == "debug" or name in SLOW_TO_COMPILE else MODE_SAMPLES]
+    return found[:count]
 
 
-def only_float32(mode, dtype, check):
-    """Skips the dtypes a mode leaves to strict mode: debug mode runs strict's
-    programs (waited on and checked for NaNs), and fused mode's out= and
-    in-place forms compile programs of their own while the adapter's
-    write-back does not depend on the dtype, so both run float32 only."""
+def left_to_strict(mode, dtype, check):
+    """Skips what a mode leaves to strict mode. Debug mode runs strict's
+    programs (waited on and checked for NaNs): its values and gradients in
+    float32, its out= and in-place forms not at all (the adapter's write-back
+    is strict's). Fused mode's out= and in-place forms compile programs of
+    their own while the write-back does not depend on the dtype: float32."""
+    if mode == "debug" and check in ("out", "inplace"):
+        pytest.skip(f"debug mode runs strict's {check} programs and write-back")
     if dtype != torch.float32 and (mode == "debug" or (mode == "fused" and check in ("out", "inplace"))):
         pytest.skip(f"{mode} mode runs {check} in float32 (strict mode runs every dtype)")
 
@@ -182,7 +190,7 @@ def supported(op, dtype):
 @pytest.mark.parametrize("name", OPS)
 def test_out(request, name, dtype, mode):
     mark_known_gap(request, name, "out")
-    only_float32(mode, dtype, "out")
+    left_to_strict(mode, dtype, "out")
     op = opinfo(name)
     if not op.supports_out:
         pytest.skip("no out= variant")
@@ -205,7 +213,7 @@ def test_out(request, name, dtype, mode):
 @pytest.mark.parametrize("name", OPS)
 def test_inplace(request, name, dtype, mode):
     mark_known_gap(request, name, "inplace")
-    only_float32(mode, dtype, "inplace")
+    left_to_strict(mode, dtype, "inplace")
     op = opinfo(name)
     if op.inplace_variant is None:
         pytest.skip("no in-place variant")
