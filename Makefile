@@ -71,15 +71,18 @@ wheel:
 		$(WHEEL_PYTHON) -m maturin build --release -i $(WHEEL_PYTHON) -o dist --auditwheel skip
 
 # The GPU image's torch and CPython (2.11, 3.12) checked here on the CPU
-# plugin: a venv of their own with the pinned tools, a wheel built against
-# them, and the tests of what differs between torch versions (seeding, the
-# device API, training, torch.compile, precision, errors).
+# plugin: a venv of their own with the pinned tools and the image's training
+# libraries (requirements-compat.txt over requirements-models.txt), a wheel built against them, and the tests of
+# what differs between versions (seeding, the device API, training,
+# torch.compile, precision, errors, distributed, Trainer/Accelerate/Lightning).
 COMPAT_TORCH ?= 2.11.0
 COMPAT_PYTHON ?= $(firstword $(wildcard $(HOME)/.pyenv/versions/3.12*/bin/python3.12) python3.12)
 COMPAT_VENV := .venv-torch$(COMPAT_TORCH)
-$(COMPAT_VENV)/.installed: requirements.txt
+$(COMPAT_VENV)/.installed: requirements.txt requirements-models.txt requirements-compat.txt
 	$(COMPAT_PYTHON) -m venv $(COMPAT_VENV)
 	$(COMPAT_VENV)/bin/pip install -q torch==$(COMPAT_TORCH) $$(grep -v -e '^#' -e '^torch==' requirements.txt)
+	$(COMPAT_VENV)/bin/pip install -q --no-deps -r requirements-models.txt
+	$(COMPAT_VENV)/bin/pip install -q --no-deps -r requirements-compat.txt
 	touch $@
 
 compat: $(COMPAT_VENV)/.installed
@@ -87,7 +90,8 @@ compat: $(COMPAT_VENV)/.installed
 	$(COMPAT_VENV)/bin/pip install -q --no-deps --force-reinstall --no-index --find-links dist torchtpu
 	$(COMPAT_VENV)/bin/python -m pytest -q -p no:cacheprovider -n auto --dist loadfile tests/test_random.py \
 		tests/test_device.py tests/test_precision.py tests/test_compile.py tests/test_training.py \
-		tests/test_errors.py tests/test_accelerator.py
+		tests/test_errors.py tests/test_accelerator.py tests/test_distributed.py \
+		tests/models/test_training_libraries.py
 
 # TorchTitan's Llama 3 debug model in three layouts against CPU/gloo
 # (tests/titan: 8 min, ~20 with its set-up): a venv of its own, since TorchTitan's datasets pins

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import require_devices
+from conftest import C10D_FOR_TPU, require_devices, require_tpu_groups
 
 HERE = Path(__file__).resolve().parent
 
@@ -23,6 +23,7 @@ def _free_port():
 
 def launch(program, world=2, timeout=240, env=None):
     """Runs dist_workers.<program> in `world` processes; returns their outputs."""
+    require_tpu_groups()
     require_devices(max(world, int((env or {}).get("TORCHTPU_DEVICE_COUNT", 1))))
     port = str(_free_port())
     procs = []
@@ -103,6 +104,15 @@ def test_nccl_names_the_backends_that_carry_tpu_tensors():
 
 def test_processes_meet_through_the_groups_store():
     launch("runtime_group")
+
+
+@pytest.mark.skipif(C10D_FOR_TPU, reason="this torch makes tpu groups")
+def test_old_torch_refuses_tpu_groups_clearly():
+    import torch.distributed as dist
+
+    with pytest.raises(RuntimeError, match="torch.distributed on tpu needs torch 2.15 or newer"):
+        dist.init_process_group("pjrt", store=dist.HashStore(), rank=0, world_size=1)
+    assert not dist.is_initialized()
 
 
 def test_registered_for_tpu_tensors():

@@ -532,6 +532,12 @@ def create(opts, backend_options, gloo=None):
     made without naming a CPU backend (`init_process_group()`: PyTorch then
     picks the accelerator's only) takes CPU tensors too, through the same gloo.
     `gloo`: the group's own gloo backend, which this one then shares."""
+    if not hasattr(opts, "process_group"):
+        raise RuntimeError(
+            f"torchtpu: torch.distributed on tpu needs torch 2.15 or newer (this is torch {torch.__version__}, "
+            "whose c10d neither hands a backend its group nor lets Python subclass its Backend). Install the "
+            "torch of torchtpu's requirements.txt, or run the collectives on CPU tensors over gloo."
+        )
     group, cpu, tpu = opts.process_group, torch.device("cpu"), torch.device("tpu")
     made = _backend_of(group, tpu)
     if isinstance(made, TpuBackend):  # "cpu:gloo,tpu:pjrt": gloo's creator made it first

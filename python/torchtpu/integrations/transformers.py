@@ -1,7 +1,10 @@
 """`transformers.Trainer` on tpu: the device comes from Accelerate (see
-`torchtpu.integrations.accelerate`); the Trainer's own checkpoints save and
-restore the random states of the devices it names, and tpu's join them
-(key "tpu", beside "cuda"), so that a resumed run draws what it would have.
+`torchtpu.integrations.accelerate`) and from `is_torch_tpu_available`, which
+before transformers 5.23 asked for Google's `torch_tpu` package rather than
+for a tpu accelerator (5.17: the Trainer left its batches on the CPU); the
+Trainer's own checkpoints save and restore the random states of the devices
+it names, and tpu's join them (key "tpu", beside "cuda"), so that a resumed
+run draws what it would have.
 """
 import os
 
@@ -42,5 +45,16 @@ def _patch_trainer(trainer_module):
     replace(trainer_module.Trainer, "_load_rng_state", restore)
 
 
+def _patch_import_utils(import_utils):
+    def available(original):
+        def is_torch_tpu_available(*args, **kwargs):
+            return tpu_wanted() or original(*args, **kwargs)
+
+        return is_torch_tpu_available
+
+    replace(import_utils, "is_torch_tpu_available", available)
+
+
 def install():
+    after_import("transformers.utils.import_utils", _patch_import_utils)
     after_import("transformers.trainer", _patch_trainer)
