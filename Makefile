@@ -75,9 +75,10 @@ wheel:
 
 # The GPU image's torch and CPython (2.11, 3.12) checked here on the CPU
 # plugin: a venv of their own with the pinned tools and the image's training
-# libraries (requirements-compat.txt over requirements-models.txt), a wheel built against them, and the tests of
-# what differs between versions (seeding, the device API, training,
-# torch.compile, precision, errors, distributed, Trainer/Accelerate/Lightning).
+# libraries (requirements-compat.txt over requirements-models.txt), a wheel
+# built against them, and the tests of what differs between versions
+# (seeding, the device API, training, torch.compile, precision, errors,
+# distributed, Trainer/Accelerate/Lightning).
 COMPAT_TORCH ?= 2.11.0
 COMPAT_PYTHON ?= $(firstword $(wildcard $(HOME)/.pyenv/versions/3.12*/bin/python3.12) python3.12)
 COMPAT_VENV := .venv-torch$(COMPAT_TORCH)
