@@ -1,10 +1,16 @@
+import atexit
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
 
-# Compiled programs persist in a directory of the test session's own.
-os.environ.setdefault("TORCHTPU_CACHE_DIR", tempfile.mkdtemp(prefix="torchtpu-cache-"))
+# Compiled programs persist in a directory of the test session's own (xdist's
+# workers inherit it), removed when the process that made it exits: a run
+# leaves ~300 MB of programs.
+if "TORCHTPU_CACHE_DIR" not in os.environ:
+    os.environ["TORCHTPU_CACHE_DIR"] = tempfile.mkdtemp(prefix="torchtpu-cache-")
+    atexit.register(shutil.rmtree, os.environ["TORCHTPU_CACHE_DIR"], ignore_errors=True)
 # One program per step on every plugin (the tests count them): parts of long
 # steps, on by default off XLA:CPU, are tested where a test asks for them.
 os.environ.setdefault("TORCHTPU_PART_OPS", "0")

@@ -1,13 +1,17 @@
 //! Compiles the C++ adapter (csrc/) against the installed PyTorch and links it
 //! whole into the extension, so its static registrations run at import.
-use std::path::PathBuf;
+use std::collections::hash_map::DefaultHasher;
+use std::env;
+use std::fs;
+use std::hash::{Hash, Hasher};
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 fn torch_dir() -> PathBuf {
-    if let Ok(dir) = std::env::var("TORCH_DIR") {
+    if let Ok(dir) = env::var("TORCH_DIR") {
         return PathBuf::from(dir);
     }
-    let python = std::env::var("PYO3_PYTHON").unwrap_or_else(|_| "python3".into());
+    let python = env::var("PYO3_PYTHON").unwrap_or_else(|_| "python3".into());
     // Without autoloading torchtpu itself: the installed build may be the broken one.
     let out = Command::new(&python)
         .args(["-c", "import os, torch; print(os.path.dirname(torch.__file__))"])
@@ -20,12 +24,53 @@ fn torch_dir() -> PathBuf {
 
 /// Python's C headers (the kernel fast path takes Python arguments).
 fn python_include() -> PathBuf {
-    let python = std::env::var("PYO3_PYTHON").unwrap_or_else(|_| "python3".into());
+    let python = env::var("PYO3_PYTHON").unwrap_or_else(|_| "python3".into());
     let out = Command::new(&python)
         .args(["-c", "import sysconfig; print(sysconfig.get_paths()['include'])"])
         .output()
         .unwrap_or_else(|e| panic!("running {python} to locate Python's headers: {e}"));
     PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
+}
+
+/// The adapter's objects, compiled once per content into a directory of the
+/// target directory that every profile shares: compiling against PyTorch's
+/// headers takes minutes, and `cargo test` (dev) and maturin (release) would
+/// otherwise each do it; an edit recompiles only the file it touches. An
+/// object is named by a hash of its source, the adapter's headers, this
+/// script (its flags) and the PyTorch and Python it is compiled against.
+fn cached_objects(build: &cc::Build, sources: &[&str], torch: &Path) -> Vec<PathBuf> {
+    let out = PathBuf::from(env::var("OUT_DIR").unwrap());
+    // OUT_DIR is <target>/<profile>/build/<package>-<hash>/out.
+    let cache = out.ancestors().nth(4).unwrap().join("torchtpu-adapter");
+    fs::create_dir_all(&cache).unwrap();
+    let mut shared = DefaultHasher::new();
+    let mut headers: Vec<PathBuf> = fs::read_dir("csrc").unwrap().map(|e| e.unwrap().path()).collect();
+    headers.retain(|p| p.extension().is_some_and(|e| e == "h"));
+    headers.sort();
+    for file in headers.iter().chain([&PathBuf::from("build.rs"), &torch.join("version.py")]) {
+        fs::read(file).unwrap().hash(&mut shared);
+    }
+    (torch, python_include(), env::var("CXX").ok()).hash(&mut shared);
+    let objects: Vec<PathBuf> = sources
+        .iter()
+        .map(|src| {
+            let mut h = shared.clone();
+            fs::read(src).unwrap().hash(&mut h);
+            let stem = Path::new(src).file_stem().unwrap().to_str().unwrap();
+            cache.join(format!("{stem}-{:016x}.o", h.finish()))
+        })
+        .collect();
+    let missing: Vec<usize> = (0..sources.len()).filter(|&i| !objects[i].exists()).collect();
+    if !missing.is_empty() {
+        let compiled = build.clone().files(missing.iter().map(|&i| sources[i])).compile_intermediates();
+        for (&i, obj) in missing.iter().zip(compiled) {
+            // Through a rename: a build beside this one sees a whole object or none.
+            let tmp = objects[i].with_extension(format!("o.{}", std::process::id()));
+            fs::copy(&obj, &tmp).unwrap();
+            fs::rename(&tmp, &objects[i]).unwrap();
+        }
+    }
+    objects
 }
 
 fn main() {
@@ -48,10 +93,10 @@ fn main() {
         "csrc/precision.cpp",
         "csrc/store.cpp",
     ];
-    cc::Build::new()
+    let mut build = cc::Build::new();
+    build
         .cpp(true)
         .std("c++20")
-        .files(sources)
         .include(&include)
         .include(include.join("torch/csrc/api/include"))
         .include(python_include())
@@ -59,8 +104,9 @@ fn main() {
         .opt_level(2)
         .flag("-Wno-unused-parameter")
         .warnings(false)
-        .link_lib_modifier("+whole-archive")
-        .compile("torchtpu_adapter");
+        .link_lib_modifier("+whole-archive");
+    let objects = cached_objects(&build, &sources, &torch);
+    build.objects(objects).compile("torchtpu_adapter");
     println!("cargo:rustc-link-search=native={}", lib.display());
     for l in ["c10", "torch_cpu", "torch", "torch_python"] {
         println!("cargo:rustc-link-lib=dylib={l}");
@@ -69,5 +115,6 @@ fn main() {
     for f in sources.iter().chain(&["csrc/adapter.h", "csrc/ffi.h"]) {
         println!("cargo:rerun-if-changed={f}");
     }
+    println!("cargo:rerun-if-changed={}", torch.join("version.py").display());
     println!("cargo:rerun-if-env-changed=TORCH_DIR");
 }
