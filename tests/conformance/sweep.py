@@ -197,8 +197,15 @@ def run(names, limit=None, modes=MODES, dtypes=None, jobs=None, timeout=120.0, p
     argv = [sys.executable, "-m", "conformance", "--worker", "--modes", ",".join(modes), "--dtypes", ",".join(dtypes)]
     argv += ["--limit", str(limit)] if limit is not None else []
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [TESTS_DIR, os.environ.get("PYTHONPATH")])))
-    # The workers share one compilation cache.
-    env.setdefault("TORCHTPU_CACHE_DIR", tempfile.mkdtemp(prefix="torchtpu-conformance-"))
+    # The workers share one compilation cache (the session's, or one of the sweep's own).
+    with tempfile.TemporaryDirectory(prefix="torchtpu-conformance-") as cache:
+        env.setdefault("TORCHTPU_CACHE_DIR", cache)
+        return sweep_in_workers(names, argv, env, jobs, timeout, progress)
+
+
+def sweep_in_workers(names, argv, env, jobs, timeout, progress):
+    """Hands the entries to `jobs` workers one at a time; a worker that
+    crashes or hangs fails its entry and is replaced."""
     queue = collections.deque(names)
     results = Results()
     sel = selectors.DefaultSelector()
