@@ -37,8 +37,8 @@ fn python_include() -> PathBuf {
 /// headers takes minutes, and `cargo test` (dev) and maturin (release) would
 /// otherwise each do it; an edit recompiles only the file it touches. An
 /// object is named by a hash of its source, the adapter's headers, this
-/// script (its flags) and the PyTorch and Python it is compiled against.
-fn cached_objects(build: &cc::Build, sources: &[&str], torch: &Path) -> Vec<PathBuf> {
+/// script (its flags) and the PyTorch and Python headers it is compiled against.
+fn cached_objects(build: &cc::Build, sources: &[&str], torch: &Path, python: &Path) -> Vec<PathBuf> {
     let out = PathBuf::from(env::var("OUT_DIR").unwrap());
     // OUT_DIR is <target>/<profile>/build/<package>-<hash>/out.
     let cache = out.ancestors().nth(4).unwrap().join("torchtpu-adapter");
@@ -50,7 +50,7 @@ fn cached_objects(build: &cc::Build, sources: &[&str], torch: &Path) -> Vec<Path
     for file in headers.iter().chain([&PathBuf::from("build.rs"), &torch.join("version.py")]) {
         fs::read(file).unwrap().hash(&mut shared);
     }
-    (torch, python_include(), env::var("CXX").ok()).hash(&mut shared);
+    (torch, python, env::var("CXX").ok()).hash(&mut shared);
     let objects: Vec<PathBuf> = sources
         .iter()
         .map(|src| {
@@ -77,6 +77,7 @@ fn main() {
     let torch = torch_dir();
     let include = torch.join("include");
     let lib = torch.join("lib");
+    let python = python_include();
     let sources = [
         "csrc/allocator.cpp",
         "csrc/autocast.cpp",
@@ -99,13 +100,13 @@ fn main() {
         .std("c++20")
         .include(&include)
         .include(include.join("torch/csrc/api/include"))
-        .include(python_include())
+        .include(&python)
         .define("_GLIBCXX_USE_CXX11_ABI", "1")
         .opt_level(2)
         .flag("-Wno-unused-parameter")
         .warnings(false)
         .link_lib_modifier("+whole-archive");
-    let objects = cached_objects(&build, &sources, &torch);
+    let objects = cached_objects(&build, &sources, &torch, &python);
     build.objects(objects).compile("torchtpu_adapter");
     println!("cargo:rustc-link-search=native={}", lib.display());
     for l in ["c10", "torch_cpu", "torch", "torch_python"] {
