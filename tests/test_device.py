@@ -107,7 +107,7 @@ def test_complex32_is_stored_and_computed_on_cpu():
     assert torch.equal(bits((c * c).cpu()), bits(x.chalf() * x.chalf()))
     assert torch.equal(c.real.cpu(), x.half())
     torch.testing.assert_close(c.cfloat().cpu(), x.chalf().cfloat())
-    assert torchtpu.metrics()["fallbacks"] == {"aten::_copy_from": 2, "aten::mul.out": 1}
+    assert torchtpu.metrics()["fallbacks"] == {"aten::_copy_from": 2, "aten::mul.Tensor": 1}
 
 
 def test_module_to():
@@ -276,6 +276,16 @@ def test_lowerings_are_not_hidden_by_composites():
         if has(qualified, "CompositeImplicitAutograd") and has(qualified, "CPU") and not has(qualified, "PrivateUse1"):
             hidden.append(qualified)
     assert hidden == []
+
+
+def test_elementwise_structured_forms_are_direct():
+    """add, add_, mul, ... are structured: their composite kernel would run the
+    meta function, allocate an out tensor and call add.out, whose result the
+    fallback writes back. The elementwise family goes to the core directly."""
+    has = torch._C._dispatch_has_kernel_for_dispatch_key
+    for op in ["aten::add.Tensor", "aten::add_.Tensor", "aten::mul.Tensor", "aten::sub_.Tensor",
+               "aten::div.Tensor_mode", "aten::sigmoid_", "aten::pow.Tensor_Scalar"]:
+        assert has(op, "PrivateUse1"), op
 
 
 def test_gpu_client_takes_memory_on_demand(monkeypatch):

@@ -41,6 +41,18 @@ def test_dtype_rules(mode):
     raises_like_cpu(lambda a: a - a, torch.ones(2, dtype=torch.bool))
 
 
+def test_elementwise_argument_rules(mode):
+    """The structured elementwise forms (add, add_, mul_, ...) reach the core
+    without PyTorch's meta function: the core checks its rules (alpha's kind,
+    a written tensor's overlap with itself and with the inputs)."""
+    raises_like_cpu(lambda a: torch.add(a, 1, alpha=1.5), torch.ones(3, dtype=torch.long))
+    raises_like_cpu(lambda a: torch.rsub(a, 2, alpha=0.5), torch.ones(3, dtype=torch.int))
+    raises_like_cpu(lambda a: torch.add(a, 1, alpha=True), torch.ones(3))
+    raises_like_cpu(lambda a: a.expand(3).add_(1), torch.zeros(1))
+    raises_like_cpu(lambda a: a[1:].mul_(a[:-1]), torch.arange(5.0))
+    raises_like_cpu(lambda a: torch.add(a, a, out=a[1:]), torch.arange(5.0))
+
+
 def test_mixing_devices(mode):
     with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
         torch.ones(3, device="tpu") + torch.ones(3)

@@ -6,6 +6,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/EmptyTensor.h>
+#include <ATen/MemoryOverlap.h>
 #include <ATen/native/CPUFallback.h>
 #include <ATen/native/Resize.h>
 #include <ATen/ops/_reshape_alias_native.h>
@@ -74,6 +75,7 @@ struct OpEntry {
   std::vector<bool> scalar_type; // arguments of type ScalarType or ScalarType?
   bool inplace = false;          // self, one tensor, is written (add_, fill_, ...)
   std::vector<int> mutated;      // other written tensors and lists (running stats, an optimizer's): is_written
+  bool checks_meta = false;      // the core checks what the meta function would (tt_op_checks_meta)
 };
 
 const OpEntry& register_op(const c10::OperatorHandle& op) {
@@ -107,6 +109,7 @@ const OpEntry& register_op(const c10::OperatorHandle& op) {
   for (size_t i = 0; i < args.size(); ++i) {
     if (args[i].is_written) slot->mutated.push_back(static_cast<int>(i));
   }
+  slot->checks_meta = slot->op >= 0 && tt_op_checks_meta(slot->op);
   return *slot;
 }
 
@@ -265,6 +268,22 @@ void run_on_cpu(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   at::native::cpu_fallback(op, stack);
 }
 
+// TensorIterator's rules for the tensors an op writes: no element written
+// twice, no input partly overlapping them.
+void check_overlap(const OpEntry& entry, c10::ArrayRef<c10::IValue> inputs) {
+  auto check = [&](size_t w) {
+    const at::Tensor& dst = inputs[w].toTensor();
+    at::assert_no_internal_overlap(dst);
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      if (i != w && inputs[i].isTensor() && inputs[i].toTensor().defined()) {
+        at::assert_no_partial_overlap(dst, inputs[i].toTensor());
+      }
+    }
+  };
+  for (int w : entry.outs) check(static_cast<size_t>(w));
+  if (entry.outs.empty() && entry.inplace) check(0);
+}
+
 void fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const OpEntry& entry = op_entry(op);
   if (entry.op < 0) return run_on_cpu(op, stack);
@@ -284,6 +303,7 @@ void fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   m.args.reserve(n);
   for (size_t i = 0; i < n; ++i) m.add(entry, i, inputs[i], device);
   if (m.on_cpu) return run_on_cpu(op, stack);
+  if (entry.checks_meta) check_overlap(entry, inputs);
   const TtResult* raw = nullptr;
   int64_t count = 0;
   const int status = tt_op_run(entry.op, m.args.data(), static_cast<int64_t>(n), &raw, &count);
@@ -561,6 +581,30 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
     m.impl(name, torch::CppFunction::makeFromBoxedFunction<&torchtpu::fallback>());
   }
 }
+
+// Structured operators' functional and in-place forms (add, add_, mul, ...):
+// their CompositeExplicitAutogradNonFunctional kernel runs the meta function
+// (a TensorIterator), makes an out tensor and calls the out= form, whose
+// result the fallback then writes back: more than the core's whole op. Where
+// the lowering checks what the meta function does, they come to the fallback
+// directly.
+const struct StructuredForms {
+  torch::Library lib{torch::Library::IMPL, "aten", c10::DispatchKey::PrivateUse1, __FILE__, __LINE__};
+
+  StructuredForms() {
+    auto& dispatcher = c10::Dispatcher::singleton();
+    for (const auto& name :
+         dispatcher.getAllOpNamesForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional)) {
+      auto op = dispatcher.findOp(name);
+      if (!op || op->hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1) || !torchtpu::op_entry(*op).checks_meta) {
+        continue;
+      }
+      std::string unqualified = name.name.substr(name.name.find("::") + 2);
+      if (!name.overload_name.empty()) unqualified += "." + name.overload_name;
+      lib.impl(unqualified.c_str(), torch::CppFunction::makeFromBoxedFunction<&torchtpu::fallback>());
+    }
+  }
+} structured_forms;
 
 // nn.TransformerEncoderLayer's fast path in eval mode: PyTorch's kernel is
 // composed of ATen ops (layer_norm, _native_multi_head_attention, linear) but

@@ -109,6 +109,9 @@ int tt_storage_assign(void* dst, void* src);
 // it must run through the CPU fallback; it may set args[i].is_written.
 int tt_op_register(const char* name, const char* overload, TtSchemaArg* args,
                    int64_t nargs, int32_t* op);
+// Whether the op's lowering checks what PyTorch's meta function checks (its
+// structured functional and in-place forms then skip the meta function).
+bool tt_op_checks_meta(int32_t op);
 // Runs a functional operator; results stay valid until the next call on the
 // same thread.
 int tt_op_run(int32_t op, const TtArg* args, int64_t nargs, const TtResult** results,

@@ -171,6 +171,11 @@ pub unsafe extern "C" fn tt_op_register(
 }
 
 #[no_mangle]
+pub extern "C" fn tt_op_checks_meta(op: i32) -> bool {
+    lower::get(op).is_ok_and(lower::checks_meta)
+}
+
+#[no_mangle]
 pub unsafe extern "C" fn tt_op_run(
     op: i32,
     args: *const TtArg,

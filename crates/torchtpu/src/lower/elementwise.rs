@@ -208,12 +208,26 @@ fn sub_check(cx: &Cx) -> Result<()> {
     }
 }
 
+/// PyTorch's `alpha_check`: an alpha of the result's kind.
+fn alpha_check(cx: &Cx, dtype: DType) -> Result<()> {
+    match cx.arg("alpha") {
+        Ok(Arg::Bool(_)) if dtype != DType::Bool => {
+            Err(Error::runtime("Boolean alpha only supported for Boolean results."))
+        }
+        Ok(Arg::Float(_)) if !dtype.is_float() && !dtype.is_complex() => {
+            Err(Error::runtime("For integral input tensors, argument alpha must not be a floating point number."))
+        }
+        _ => Ok(()),
+    }
+}
+
 /// `self ± alpha * other`.
 fn add_sub(cx: &mut Cx, name: &'static str) -> Result<Vec<V>> {
     if name == "stablehlo.subtract" {
         sub_check(cx)?;
     }
     let (v, dtype) = promoted(cx, &["self", "other"])?;
+    alpha_check(cx, dtype)?;
     let shape = cx.g.ty(v[0]).shape.clone();
     let mut other = v[1];
     if cx.has("alpha") {
@@ -231,6 +245,7 @@ fn add_sub(cx: &mut Cx, name: &'static str) -> Result<Vec<V>> {
 fn rsub(cx: &mut Cx) -> Result<Vec<V>> {
     sub_check(cx)?;
     let (v, dtype) = promoted(cx, &["self", "other"])?;
+    alpha_check(cx, dtype)?;
     let shape = cx.g.ty(v[0]).shape.clone();
     let mut s = v[0];
     if let Some(alpha) = cx.scalar_like("alpha", opmath(dtype), &shape)? {

@@ -137,6 +137,16 @@ pub fn lowered_names() -> Vec<&'static str> {
     table().map(|e| e.name).filter(|n| !n.contains("::")).collect()
 }
 
+/// Whether the operator's lowering checks what PyTorch's meta function
+/// checks (broadcasting, type promotion, the operator's own argument rules):
+/// the elementwise family's, whose TensorIterator meta functions check
+/// nothing else. The adapter sends their structured functional and in-place
+/// forms to the core directly, not through the meta function and an out=
+/// call.
+pub fn checks_meta(op: &OpDef) -> bool {
+    elementwise::ENTRIES.iter().any(|e| std::ptr::eq(e, op.entry))
+}
+
 pub struct ArgDef {
     pub name: String,
     pub ty: String,
