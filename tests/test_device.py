@@ -278,14 +278,18 @@ def test_lowerings_are_not_hidden_by_composites():
     assert hidden == []
 
 
-def test_elementwise_structured_forms_are_direct():
+def test_structured_forms_are_direct():
     """add, add_, mul, ... are structured: their composite kernel would run the
     meta function, allocate an out tensor and call add.out, whose result the
-    fallback writes back. The elementwise family goes to the core directly."""
+    fallback writes back. The families whose lowerings check what the meta
+    functions do go to the core directly; reductions keep the meta function."""
     has = torch._C._dispatch_has_kernel_for_dispatch_key
     for op in ["aten::add.Tensor", "aten::add_.Tensor", "aten::mul.Tensor", "aten::sub_.Tensor",
-               "aten::div.Tensor_mode", "aten::sigmoid_", "aten::pow.Tensor_Scalar"]:
+               "aten::div.Tensor_mode", "aten::sigmoid_", "aten::pow.Tensor_Scalar", "aten::mm",
+               "aten::addmm", "aten::bmm", "aten::_softmax", "aten::gelu_", "aten::cat", "aten::tril"]:
         assert has(op, "PrivateUse1"), op
+    for op in ["aten::addmm_", "aten::mean.dim", "aten::scatter.src", "aten::max_pool2d_with_indices"]:
+        assert not has(op, "PrivateUse1"), op
 
 
 def test_gpu_client_takes_memory_on_demand(monkeypatch):

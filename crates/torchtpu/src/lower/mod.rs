@@ -138,13 +138,19 @@ pub fn lowered_names() -> Vec<&'static str> {
 }
 
 /// Whether the operator's lowering checks what PyTorch's meta function
-/// checks (broadcasting, type promotion, the operator's own argument rules):
-/// the elementwise family's, whose TensorIterator meta functions check
-/// nothing else. The adapter sends their structured functional and in-place
-/// forms to the core directly, not through the meta function and an out=
-/// call.
+/// checks (shapes, ranks, broadcasting, type promotion, the operator's own
+/// argument rules): the families whose lowerings raise every error
+/// PyTorch's OpInfo error inputs meet. The adapter sends their structured
+/// functional and in-place forms to the core directly, not through the meta
+/// function and an out= call. (Reductions, scatters and pools do not yet:
+/// some dtype and argument checks live only in their meta functions.) The
+/// products' in-place forms keep it too: where `self` would broadcast, their
+/// meta function's "Bad in-place call" is the message, not TensorIterator's
+/// that the adapter gives.
 pub fn checks_meta(op: &OpDef) -> bool {
-    elementwise::ENTRIES.iter().any(|e| std::ptr::eq(e, op.entry))
+    let within = |family: &[Entry]| family.iter().any(|e| std::ptr::eq(e, op.entry));
+    [elementwise::ENTRIES, nn::ENTRIES, shape::ENTRIES].into_iter().any(within)
+        || (within(linalg::ENTRIES) && !op.inplace)
 }
 
 pub struct ArgDef {
@@ -162,6 +168,8 @@ pub struct OpDef {
     pub name: String,
     pub entry: &'static Entry,
     pub args: Vec<ArgDef>,
+    /// An in-place form (`add_`): its first argument is written.
+    pub inplace: bool,
     /// Set once a lowering of this overload built a float32 dot or
     /// convolution: its calls' plans then depend on the matmul setting.
     pub follows_precision: AtomicBool,
@@ -195,7 +203,7 @@ pub fn register(name: &str, overload: &str, args: Vec<ArgDef>, inplace: bool) ->
     let id = ops.len() as i32;
     let full = if overload.is_empty() { name.to_string() } else { format!("{name}.{overload}") };
     let follows_precision = AtomicBool::new(false);
-    ops.push(Box::leak(Box::new(OpDef { id, name: full, entry, args, follows_precision })));
+    ops.push(Box::leak(Box::new(OpDef { id, name: full, entry, args, inplace, follows_precision })));
     Some(id)
 }
 
@@ -240,6 +248,7 @@ pub fn internal(name: &str, id: i32) -> OpDef {
         name: name.into(),
         entry,
         args: vec![arg("src"), arg("dst")],
+        inplace: false,
         follows_precision: AtomicBool::new(false),
     }
 }
