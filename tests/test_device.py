@@ -282,13 +282,15 @@ def test_structured_forms_are_direct():
     """add, add_, mul, ... are structured: their composite kernel would run the
     meta function, allocate an out tensor and call add.out, whose result the
     fallback writes back. The families whose lowerings check what the meta
-    functions do go to the core directly; reductions keep the meta function."""
+    functions do go to the core directly; scatters and pools keep the meta
+    function, and so do the in-place forms whose message is its own."""
     has = torch._C._dispatch_has_kernel_for_dispatch_key
     for op in ["aten::add.Tensor", "aten::add_.Tensor", "aten::mul.Tensor", "aten::sub_.Tensor",
                "aten::div.Tensor_mode", "aten::sigmoid_", "aten::pow.Tensor_Scalar", "aten::mm",
-               "aten::addmm", "aten::bmm", "aten::_softmax", "aten::gelu_", "aten::cat", "aten::tril"]:
+               "aten::addmm", "aten::bmm", "aten::_softmax", "aten::gelu_", "aten::cat", "aten::tril",
+               "aten::mean.dim", "aten::sum.dim_IntList", "aten::argmax", "aten::cumsum"]:
         assert has(op, "PrivateUse1"), op
-    for op in ["aten::addmm_", "aten::mean.dim", "aten::scatter.src", "aten::max_pool2d_with_indices"]:
+    for op in ["aten::addmm_", "aten::cumsum_", "aten::scatter.src", "aten::max_pool2d_with_indices"]:
         assert not has(op, "PrivateUse1"), op
 
 

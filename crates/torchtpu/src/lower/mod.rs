@@ -142,15 +142,15 @@ pub fn lowered_names() -> Vec<&'static str> {
 /// argument rules): the families whose lowerings raise every error
 /// PyTorch's OpInfo error inputs meet. The adapter sends their structured
 /// functional and in-place forms to the core directly, not through the meta
-/// function and an out= call. (Reductions, scatters and pools do not yet:
-/// some dtype and argument checks live only in their meta functions.) The
-/// products' in-place forms keep it too: where `self` would broadcast, their
-/// meta function's "Bad in-place call" is the message, not TensorIterator's
-/// that the adapter gives.
+/// function and an out= call. (Scatters and pools do not yet: some of their
+/// argument checks live only in their meta functions.) The products' and
+/// reductions' in-place forms (`addmm_`, `cumsum_`) keep it too: their meta
+/// function's "Bad in-place call" is the message where `self` would change
+/// shape or dtype, not TensorIterator's that the adapter gives.
 pub fn checks_meta(op: &OpDef) -> bool {
     let within = |family: &[Entry]| family.iter().any(|e| std::ptr::eq(e, op.entry));
     [elementwise::ENTRIES, nn::ENTRIES, shape::ENTRIES].into_iter().any(within)
-        || (within(linalg::ENTRIES) && !op.inplace)
+        || ([linalg::ENTRIES, reduce::ENTRIES].into_iter().any(within) && !op.inplace)
 }
 
 pub struct ArgDef {

@@ -35,6 +35,8 @@ pub fn reduced_dims(cx: &Cx, rank: usize) -> Result<Vec<usize>> {
     match dims {
         None => Ok((0..rank).collect()),
         Some(d) if d.is_empty() => Ok((0..rank).collect()),
+        // PyTorch marks named dims in a 64-bit mask.
+        Some(_) if rank > 64 => Err(Error::runtime("only tensors with up to 64 dims are supported")),
         Some(d) => dim_list(&d, rank),
     }
 }
@@ -91,8 +93,9 @@ fn mean(cx: &mut Cx) -> Result<Vec<V>> {
     let t = cx.meta("self")?;
     let dtype = cx.dtype("dtype")?.unwrap_or(t.dtype);
     if !dtype.is_float() {
-        return Err(Error::runtime(format!(
-            "mean(): could not infer output dtype. Input dtype must be either a floating point or complex dtype. Got: {}",
+        let which = if cx.dtype("dtype")?.is_some() { "Optional" } else { "Input" };
+        return Err(Error::not_implemented(format!(
+            "mean(): could not infer output dtype. {which} dtype must be either a floating point or complex dtype. Got: {}",
             dtype.torch_name()
         )));
     }
@@ -107,22 +110,36 @@ fn mean(cx: &mut Cx) -> Result<Vec<V>> {
     Ok(vec![cx.g.convert(r, dtype)])
 }
 
-fn check_nonempty(t: &crate::lower::args::Tensor, dims: &[usize], what: &str) -> Result<()> {
-    if let Some(&d) = dims.iter().find(|&&d| t.sizes[d] == 0) {
-        return Err(Error::index(format!("{what}(): Expected reduction dim {d} to have non-zero size.")));
+/// Where a reduction without an identity (`amax`, an inf norm) meets an
+/// empty input: it reduces only along dims it names, none of them empty.
+enum Empty {
+    Unnamed,
+    Dim(usize),
+}
+
+fn empty_reduction(cx: &Cx, t: &crate::lower::args::Tensor, dims: &[usize]) -> Result<Option<Empty>> {
+    if t.numel() != 0 {
+        return Ok(None);
     }
-    if t.numel() == 0 && t.sizes.is_empty() {
-        return Err(Error::runtime(format!(
-            "{what}(): Expected reduction dim to be specified for input.numel() == 0."
-        )));
+    if !(cx.has("dim") && cx.opt_ints("dim")?.is_some_and(|d| !d.is_empty())) {
+        return Ok(Some(Empty::Unnamed));
     }
-    Ok(())
+    Ok(dims.iter().find(|&&d| t.sizes[d] == 0).map(|&d| Empty::Dim(d)))
 }
 
 fn extreme(cx: &mut Cx, kind: ReduceKind) -> Result<Vec<V>> {
     let t = cx.meta("self")?;
     let dims = reduced_dims(cx, t.sizes.len())?;
-    check_nonempty(&t, &dims, if kind == ReduceKind::Max { "amax" } else { "amin" })?;
+    let what = if kind == ReduceKind::Max { "amax" } else { "amin" };
+    match empty_reduction(cx, &t, &dims)? {
+        Some(Empty::Unnamed) => return Err(Error::runtime(format!(
+            "{what}(): Expected reduction dim to be specified for input.numel() == 0. Specify the reduction dim with the 'dim' argument."
+        ))),
+        Some(Empty::Dim(d)) => {
+            return Err(Error::index(format!("{what}(): Expected reduction dim {d} to have non-zero size.")))
+        }
+        None => {}
+    }
     if let Some(out) = cx.has("out").then(|| cx.meta("out")).transpose()? {
         if out.dtype != t.dtype {
             return Err(Error::runtime(format!(
@@ -218,23 +235,30 @@ fn arg(cx: &mut Cx, max: bool) -> Result<Vec<V>> {
     let x = cx.tensor("self")?;
     let keep = keepdim(cx)?;
     let what = if max { "argmax" } else { "argmin" };
-    match cx.opt_int("dim")? {
+    // The meta function's checks, then the kernel's.
+    let dim = cx.opt_int("dim")?.map(|d| wrap_dim(d, t.sizes.len())).transpose()?;
+    match dim {
+        None if t.numel() == 0 => {
+            return Err(Error::index(format!(
+                "{what}(): Expected reduction dim to be specified for input.numel() == 0."
+            )))
+        }
+        Some(d) if t.sizes.get(d) == Some(&0) => {
+            return Err(Error::index(format!("{what}(): Expected reduction dim {d} to have non-zero size.")))
+        }
+        _ => {}
+    }
+    if t.dtype == DType::Bool {
+        return Err(Error::not_implemented(format!("{what}(): does not support bool input")));
+    }
+    match dim {
         None => {
-            if t.numel() == 0 {
-                return Err(Error::runtime(format!(
-                    "{what}(): Expected reduction dim to be specified for input.numel() == 0."
-                )));
-            }
             let flat = cx.g.reshape(x, &[t.numel()]);
             let r = arg_along(cx, flat, &[0], max, false);
             Ok(vec![if keep { cx.g.reshape(r, &vec![1; t.sizes.len()]) } else { r }])
         }
         Some(d) => {
-            let dim = wrap_dim(d, t.sizes.len())?;
-            if t.sizes.get(dim) == Some(&0) {
-                return Err(Error::index(format!("{what}(): Expected reduction dim {dim} to have non-zero size.")));
-            }
-            let dims = if t.sizes.is_empty() { vec![] } else { vec![dim] };
+            let dims = if t.sizes.is_empty() { vec![] } else { vec![d] };
             Ok(vec![arg_along(cx, x, &dims, max, keep)])
         }
     }
@@ -400,7 +424,7 @@ fn logcumsumexp(cx: &mut Cx) -> Result<Vec<V>> {
 fn vector_norm(cx: &mut Cx) -> Result<Vec<V>> {
     let t = cx.meta("self")?;
     if !t.dtype.is_float() {
-        return Err(Error::runtime(format!(
+        return Err(Error::not_implemented(format!(
             "linalg.vector_norm: Expected a floating point or complex tensor as input. Got {}",
             t.dtype.torch_name()
         )));
@@ -412,9 +436,19 @@ fn vector_norm(cx: &mut Cx) -> Result<Vec<V>> {
     let x = cx.g.convert(x, ct);
     let a = cx.g.unary("stablehlo.abs", x);
     let dims = reduced_dims(cx, t.sizes.len())?;
+    if ord < 0.0 || ord == f64::INFINITY {
+        match empty_reduction(cx, &t, &dims)? {
+            Some(Empty::Unnamed) => return Err(Error::runtime(format!(
+                "linalg.vector_norm cannot compute the {ord} norm on an empty tensor because the operation does not have an identity"
+            ))),
+            Some(Empty::Dim(d)) => return Err(Error::runtime(format!(
+                "linalg.vector_norm cannot compute the {ord} norm on the dimension {d}because this dimension is empty and the operation does not have an identity"
+            ))),
+            None => {}
+        }
+    }
     let keep = keepdim(cx)?;
     let r = if ord == f64::INFINITY || ord == f64::NEG_INFINITY {
-        check_nonempty(&t, &dims, "linalg.vector_norm")?;
         let kind = if ord > 0.0 { ReduceKind::Max } else { ReduceKind::Min };
         reduce_keep(cx, kind, a, &dims, keep)
     } else if ord == 0.0 {
