@@ -91,9 +91,10 @@ fn accumulate(cx: &mut Cx, kind: ReduceKind) -> Result<Vec<V>> {
 
 fn mean(cx: &mut Cx) -> Result<Vec<V>> {
     let t = cx.meta("self")?;
-    let dtype = cx.dtype("dtype")?.unwrap_or(t.dtype);
+    let given = cx.dtype("dtype")?;
+    let dtype = given.unwrap_or(t.dtype);
     if !dtype.is_float() {
-        let which = if cx.dtype("dtype")?.is_some() { "Optional" } else { "Input" };
+        let which = if given.is_some() { "Optional" } else { "Input" };
         return Err(Error::not_implemented(format!(
             "mean(): could not infer output dtype. {which} dtype must be either a floating point or complex dtype. Got: {}",
             dtype.torch_name()
