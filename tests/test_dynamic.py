@@ -141,15 +141,17 @@ GENERATION = """
     torch.manual_seed(0)
     model = LlamaForCausalLM(config).eval()
     prompt = torch.randint(0, 128, (1, 7))
-    r = {"equal": [], "compilations": []}
+    r = {"equal": [], "compilations": [], "replays": []}
     with torch.no_grad():
         expected = {n: model.generate(prompt, max_new_tokens=n, do_sample=False) for n in (8, 24, 64)}
         static = model.generate(prompt, max_new_tokens=24, do_sample=False, cache_implementation="static")
         model.to("tpu")
         for n in (8, 24, 64, 24):
+            before = torchtpu.metrics()
             out = model.generate(prompt.to("tpu"), max_new_tokens=n, do_sample=False).cpu()
             r["equal"].append(torch.equal(out, expected[n]))
             r["compilations"].append(torchtpu.metrics()["compilations"])
+            r["replays"].append([torchtpu.metrics()[k] - before[k] for k in ("fused_replays", "executions")])
         torch.manual_seed(0)
         sampled = model.generate(prompt.to("tpu"), max_new_tokens=24, do_sample=True, top_k=20).cpu()
         r["sampled"] = [sampled.shape[1], torchtpu.metrics()["compilations"]]
@@ -166,6 +168,10 @@ def test_generation_compiles_the_same_programs_for_8_24_and_64_tokens(tmp_path):
     # run the programs 8 tokens compiled.
     first, *later = r["compilations"]
     assert later == [first] * 3, r
+    # The second 24-token call meets every token's step before, its KV cache
+    # padded to the bucket: each step's program launches without lowering.
+    replays, executions = r["replays"][3]
+    assert replays >= 24 and executions - replays <= 2, r
     assert r["sampled"][0] == 31, r
 
 

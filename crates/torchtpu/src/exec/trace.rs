@@ -749,9 +749,15 @@ struct Replay {
     params: Vec<usize>,
     sources: Vec<Source>,
     checks: Vec<(usize, Option<usize>, Kind, String)>,
+    /// The trace graph's donations, which a flush must make again to match.
     donors: Vec<Option<usize>>,
     outputs: Vec<crate::ir::Ty>,
     nodes: usize,
+    /// Each parameter's padding (a bucketed program's output read back):
+    /// the same ops on other paddings take another bucket's launch.
+    padded: Vec<Option<Vec<i64>>>,
+    /// The bucket the program runs the trace in, if it is a bucket's.
+    bucket: Option<Arc<bounded::Launch>>,
 }
 
 /// Replays by their tape (one key may hold several donation patterns).
@@ -781,13 +787,22 @@ fn replay(
     let replays = REPLAYS.lock().unwrap();
     let found = replays.as_ref()?.get(tape)?.iter().find_map(|r| {
         let outputs: Vec<&crate::ir::Ty> = r.outputs.iter().collect();
-        let same = donors(trace, &r.params, &r.sources, &outputs, live, resolved) == r.donors;
+        let padded = r.params.iter().map(|&n| trace.buffer(n).padded.as_deref());
+        let same = padded.eq(r.padded.iter().map(Option::as_deref))
+            && donors(trace, &r.params, &r.sources, &outputs, live, resolved) == r.donors;
         Some((r.clone(), r.program.upgrade().filter(|_| same)?))
     });
     found
 }
 
-fn remember(tape: Vec<u64>, trace: &Trace, lowered: &Lowered, outputs: &[crate::ir::Ty], program: &Arc<Program>) {
+fn remember(
+    tape: Vec<u64>,
+    trace: &Trace,
+    lowered: &Lowered,
+    outputs: &[crate::ir::Ty],
+    program: &Arc<Program>,
+    bucket: Option<&Arc<bounded::Launch>>,
+) {
     let g = &lowered.graph;
     let replay = Arc::new(Replay {
         _plans: trace.records.iter().map(|r| Arc::downgrade(&r.plan)).collect(),
@@ -798,6 +813,8 @@ fn remember(tape: Vec<u64>, trace: &Trace, lowered: &Lowered, outputs: &[crate::
         donors: g.donors.clone(),
         outputs: outputs.to_vec(),
         nodes: g.nodes.len(),
+        padded: lowered.params.iter().map(|&n| trace.buffer(n).padded.clone()).collect(),
+        bucket: bucket.cloned(),
     });
     let mut replays = REPLAYS.lock().unwrap();
     let replays = replays.get_or_insert_with(FxMap::default);
@@ -977,16 +994,16 @@ fn explain(ops: &[(Weak<Plan>, Option<String>)], history: &[Vec<(Weak<Plan>, Opt
 
 fn run(mut trace: Trace, live: &[Arc<Pending>]) -> Result<()> {
     let resolved = resolve_futures(&mut trace)?;
-    // A bucketed program's outputs are padded: their readers go through
-    // `program`'s buckets, not replays.
-    let replayable = trace.params.iter().all(|p| matches!(p, Param::Buffer(b) if b.padded.is_none()));
-    let tape = replayable.then(|| tape(&trace, live));
-    if let Some((r, program)) = tape.as_ref().and_then(|tape| replay(&trace, tape, live, &resolved)) {
+    let tape = tape(&trace, live);
+    if let Some((r, program)) = replay(&trace, &tape, live, &resolved) {
         bump(&METRICS.fused_hits);
         bump(&METRICS.replays);
         program.touch();
-        let outputs = Outputs { tys: &r.outputs, donors: &r.donors, nodes: r.nodes };
-        return launch(&trace, live, &r.params, &r.sources, r.checks.clone(), outputs, &program, None);
+        let outputs = match &r.bucket {
+            Some(l) => Outputs { tys: &r.outputs, donors: &l.donors, nodes: l.nodes },
+            None => Outputs { tys: &r.outputs, donors: &r.donors, nodes: r.nodes },
+        };
+        return launch(&trace, live, &r.params, &r.sources, r.checks.clone(), outputs, &program, r.bucket.as_ref());
     }
     let lowered = lower_trace(&mut trace, live, &resolved);
     if lowered.graph.outputs.is_empty() {
@@ -996,9 +1013,7 @@ fn run(mut trace: Trace, live: &[Arc<Pending>]) -> Result<()> {
     let (program, launched) = program(&trace, &lowered.graph, &lowered.params)?;
     let g = &lowered.graph;
     let tys: Vec<crate::ir::Ty> = g.outputs.iter().map(|&v| g.ty(v).clone()).collect();
-    if let (Some(tape), None) = (tape, &launched) {
-        remember(tape, &trace, &lowered, &tys, &program);
-    }
+    remember(tape, &trace, &lowered, &tys, &program, launched.as_ref());
     let outputs = match &launched {
         Some(l) => Outputs { tys: &tys, donors: &l.donors, nodes: l.nodes },
         None => Outputs { tys: &tys, donors: &g.donors, nodes: g.nodes.len() },
