@@ -479,8 +479,19 @@ impl Graph {
     }
 
     /// Batched matmul: lhs [b.., m, k] · rhs [b.., k, n] -> [b.., m, n].
+    /// One row times a transposed matrix (`nn.Linear` on one token) is the
+    /// matrix times the row, the same sums: XLA:CPU copied the transpose
+    /// and looped over scalar reductions, ~3x slower than the matrix-vector
+    /// dot it hands to its kernel (bench/RESULTS.md, 2026-11-27).
     pub fn matmul(&mut self, lhs: V, rhs: V, precision: Precision) -> V {
         let nb = self.ty(lhs).rank() - 2;
+        if nb == 0 && self.ty(lhs).shape[0] == 1 {
+            if let Op::Transpose(_) = self.nodes[rhs].op {
+                let (matrix, n) = (self.nodes[rhs].args[0], self.ty(rhs).shape[1]);
+                let column = self.dot_general(matrix, lhs, (&[], &[]), (&[1], &[1]), precision);
+                return self.reshape(column, &[1, n]);
+            }
+        }
         let batch: Vec<i64> = (0..nb as i64).collect();
         self.dot_general(lhs, rhs, (&batch, &batch), (&[nb as i64 + 1], &[nb as i64]), precision)
     }
@@ -632,5 +643,39 @@ impl Graph {
     /// Uniformly random bits of `dtype` (u32 or u64 shaped) from a u64[2] key.
     pub fn rng_bits(&mut self, key: V, ty: Ty) -> V {
         self.push(Op::RngBits, vec![key], ty)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `x @ w.t()`'s dot, for `rows` rows of 8 and `w` [16, 8].
+    fn linear(rows: i64) -> (Graph, V, V, V) {
+        let mut g = Graph::default();
+        let (x, w) = (g.param(Ty::new(DType::F32, &[rows, 8])), g.param(Ty::new(DType::F32, &[16, 8])));
+        let wt = g.transpose(w, &[1, 0]);
+        let y = g.matmul(x, wt, Precision::Highest);
+        (g, x, w, y)
+    }
+
+    fn dot_of(g: &Graph, v: V) -> &Node {
+        let v = if matches!(g.nodes[v].op, Op::Reshape) { g.nodes[v].args[0] } else { v };
+        assert!(matches!(g.nodes[v].op, Op::DotGeneral { .. }), "{:?}", g.nodes[v].op);
+        &g.nodes[v]
+    }
+
+    #[test]
+    fn one_row_times_a_transposed_matrix_is_a_matrix_vector_dot() {
+        let (g, x, w, y) = linear(1);
+        assert_eq!(g.ty(y).shape, [1, 16]);
+        let dot = dot_of(&g, y);
+        assert_eq!(dot.args, [w, x]);
+        assert!(matches!(&dot.op, Op::DotGeneral { lhs_contract, rhs_contract, .. }
+            if *lhs_contract == [1] && *rhs_contract == [1]));
+        // Several rows keep the transpose, which XLA:CPU runs as fast.
+        let (g, x, _, y) = linear(4);
+        assert_eq!(g.ty(y).shape, [4, 16]);
+        assert_eq!(dot_of(&g, y).args[0], x);
     }
 }
