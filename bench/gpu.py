@@ -14,6 +14,7 @@ eager, the plugin is whatever torchtpu finds (the CPU plugin) and the CUDA-only
 checks say they were skipped: the command runs as far as the machine goes.
 """
 import argparse
+import gc
 import json
 import os
 import platform
@@ -152,6 +153,12 @@ def child(workload, backend, quick, precision, steps):
     for _ in range(3):  # compilations and warm-up
         out = step()
         sync()
+    # What warm-up left (torch.compile's graphs and guards, a large heap) is
+    # frozen, as timeit turns the collector off: otherwise the one full
+    # collection it triggers (~200 ms) lands in whichever timed loop it
+    # falls, for every backend alike.
+    gc.collect()
+    gc.freeze()
     times = []
     for _ in range(steps):
         start = time.perf_counter()
