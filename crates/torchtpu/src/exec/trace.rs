@@ -999,10 +999,7 @@ fn run(mut trace: Trace, live: &[Arc<Pending>]) -> Result<()> {
         bump(&METRICS.fused_hits);
         bump(&METRICS.replays);
         program.touch();
-        let outputs = match &r.bucket {
-            Some(l) => Outputs { tys: &r.outputs, donors: &l.donors, nodes: l.nodes },
-            None => Outputs { tys: &r.outputs, donors: &r.donors, nodes: r.nodes },
-        };
+        let outputs = Outputs::of(&r.outputs, r.bucket.as_ref(), &r.donors, r.nodes);
         return launch(&trace, live, &r.params, &r.sources, r.checks.clone(), outputs, &program, r.bucket.as_ref());
     }
     let lowered = lower_trace(&mut trace, live, &resolved);
@@ -1014,10 +1011,7 @@ fn run(mut trace: Trace, live: &[Arc<Pending>]) -> Result<()> {
     let g = &lowered.graph;
     let tys: Vec<crate::ir::Ty> = g.outputs.iter().map(|&v| g.ty(v).clone()).collect();
     remember(tape, &trace, &lowered, &tys, &program, launched.as_ref());
-    let outputs = match &launched {
-        Some(l) => Outputs { tys: &tys, donors: &l.donors, nodes: l.nodes },
-        None => Outputs { tys: &tys, donors: &g.donors, nodes: g.nodes.len() },
-    };
+    let outputs = Outputs::of(&tys, launched.as_ref(), &g.donors, g.nodes.len());
     launch(&trace, live, &lowered.params, &lowered.sources, lowered.checks, outputs, &program, launched.as_ref())
 }
 
@@ -1036,6 +1030,21 @@ struct Outputs<'a> {
     tys: &'a [crate::ir::Ty],
     donors: &'a [Option<usize>],
     nodes: usize,
+}
+
+impl<'a> Outputs<'a> {
+    /// The trace graph's donations and size, or its bucket's where it runs in one.
+    fn of(
+        tys: &'a [crate::ir::Ty],
+        bucket: Option<&'a Arc<bounded::Launch>>,
+        donors: &'a [Option<usize>],
+        nodes: usize,
+    ) -> Outputs<'a> {
+        match bucket {
+            Some(l) => Outputs { tys, donors: &l.donors, nodes: l.nodes },
+            None => Outputs { tys, donors, nodes },
+        }
+    }
 }
 
 /// Launches `program` on the trace's parameters `params` (its bucket's
