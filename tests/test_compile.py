@@ -153,6 +153,20 @@ def test_outputs_aliasing_inputs_are_views():
     torch.testing.assert_close(doubled.cpu(), torch.full((3,), 2.0))
 
 
+def test_views_of_results_laid_out_otherwise_on_cpu():
+    """The trace follows CPU's stride rules (an elementwise result keeps a
+    transposed input's order, so transposing it back is viewable); tpu's
+    results are contiguous, and the graph's views of them still work."""
+    def f(x):
+        y = x.transpose(1, 2) * 2
+        return y.transpose(1, 2).view(2, 15, 8) + 1
+
+    x = torch.randn(2, 5, 3, 8)
+    out = torch.compile(f, backend="tpu")(x.to("tpu"))
+    torch.testing.assert_close(out.cpu(), f(x))
+    assert torchtpu.metrics()["eager_graphs"] == {}
+
+
 def test_inputs_sharing_a_storage():
     """Views of one storage are one parameter; a write through one is seen
     through the other, and a view with an offset is written in place."""

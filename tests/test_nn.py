@@ -449,6 +449,66 @@ def test_multihead_attention(case, mode):
             assert_same(got, expected.detach(), atol=1e-5, rtol=1e-4)
 
 
+def operators_run(fn, *args):
+    """The operators fn(*args) dispatches (without autograd), and its result."""
+    with torch.no_grad(), torch.profiler.profile() as prof:
+        out = fn(*args)
+    return [e.name for e in prof.events()], out
+
+
+SDPA_CASES = {  # query heads, key heads, L, S, mask, is_causal
+    "causal": (4, 4, 6, 6, None, True),
+    "causal_longer_queries": (4, 4, 7, 5, None, True),
+    "grouped_heads": (4, 2, 5, 7, None, False),
+    "float_mask_with_grad": (2, 2, 5, 7, "float", False),
+    "bool_mask_a_row_left_out": (2, 1, 5, 7, "bool", False),
+}
+
+
+@pytest.mark.parametrize("case", SDPA_CASES)
+def test_scaled_dot_product_attention_is_one_fused_op(case, mode):
+    """F.scaled_dot_product_attention takes tpu's fused kernel: one op
+    forward and one backward, with CPU's values and gradients (a mask's
+    too), its output laid out in the query's dimension order as PyTorch's
+    meta function says, and a row whose every key is masked out giving 0."""
+    hq, hk, L, S, mask, causal = SDPA_CASES[case]
+    x = torch.randn(2, L, hq * 8)
+    k, v = torch.randn(2, hk, S, 8), torch.randn(2, hk, S, 6)
+    m = None
+    if mask == "float":
+        m = torch.randn(1, hq, L, S)
+    elif mask == "bool":
+        m = torch.rand(L, S) > 0.3
+        m[1] = False
+
+    def attend(x, k, v, m):
+        q = x.view(2, L, hq, 8).transpose(1, 2)  # the layout a projection leaves
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=m, is_causal=causal, enable_gqa=hq != hk)
+
+    ran, out = operators_run(attend, *(to_tpu(t) for t in (x, k, v, m)))
+    assert ran.count("torchtpu::attention") == 1 and not {"aten::bmm", "aten::_softmax"} & set(ran)
+    with torch.no_grad():
+        q = x.to("meta").view(2, L, hq, 8).transpose(1, 2)
+        meta = torch.ops.aten._scaled_dot_product_fused_attention_overrideable(q, k.to("meta"), v.to("meta"))[0]
+        assert out.stride() == meta.stride()
+    compare(attend, x, k, v, m, grad=True, atol=1e-5, rtol=1e-4)
+
+
+def test_scaled_dot_product_attention_math_kernel_when_chosen_or_needed(mode):
+    """Dropout and sdpa_kernel(SDPBackend.MATH) take PyTorch's math
+    composite, which tpu runs op by op."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    q, k, v = (torch.randn(2, 2, 5, 8, device="tpu") for _ in range(3))
+    ran, _ = operators_run(F.scaled_dot_product_attention, q, k, v, None, 0.5)
+    assert "aten::_softmax" in ran and "torchtpu::attention" not in ran
+    with sdpa_kernel(SDPBackend.MATH):
+        ran, _ = operators_run(F.scaled_dot_product_attention, q, k, v)
+        assert "aten::_softmax" in ran and "torchtpu::attention" not in ran
+    with sdpa_kernel(SDPBackend.MATH):
+        compare(F.scaled_dot_product_attention, q.cpu(), k.cpu(), v.cpu(), grad=True, atol=1e-5, rtol=1e-4)
+
+
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
 def test_flex_attention(compiled):
     """FlexAttention with a block mask and a score modifier, forward and

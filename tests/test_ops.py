@@ -70,6 +70,8 @@ OPS = [
     "nn.functional.conv_transpose1d", "nn.functional.conv_transpose2d", "nn.functional.conv_transpose3d",
     "nn.functional.batch_norm", "native_batch_norm", "_native_batch_norm_legit",
     "nn.functional.layer_norm", "native_layer_norm", "nn.functional.group_norm", "native_group_norm",
+    # attention (samples with dropout take PyTorch's math kernel)
+    "nn.functional.scaled_dot_product_attention",
     # pooling, padding, interpolation
     "nn.functional.max_pool1d", "nn.functional.max_pool2d", "nn.functional.max_pool3d",
     "max_pool2d_with_indices_backward",

@@ -80,6 +80,7 @@ fn main() {
     let python = python_include();
     let sources = [
         "csrc/allocator.cpp",
+        "csrc/attention.cpp",
         "csrc/autocast.cpp",
         "csrc/collective.cpp",
         "csrc/ddp_timer.cpp",

@@ -109,6 +109,7 @@ class Graph:
     def __init__(self, gm, example_inputs, name):
         # An instance attribute: AOTAutograd's wrappers copy `__dict__`.
         self._boxed_call = True
+        _views_as_reshapes(gm)
         self.gm = gm
         self.name = name
         self.id = _C.graph_new(name)
@@ -181,6 +182,18 @@ class Graph:
             _C.capture_abort()
             raise
         return torch.ops.torchtpu.graph_call(self.id, tensors, numbers)
+
+
+def _views_as_reshapes(gm):
+    """The graph was traced with CPU's stride rules, where an elementwise
+    result keeps its input's dimension order; tpu's results are contiguous,
+    so a view the trace found valid (`(x.transpose(1, 2) * 2).transpose(1,
+    2).view(..)`) may not be at run time. Views become reshapes: the same
+    view where the strides allow it, a copy where they do not (the graph is
+    functional: nothing writes through them)."""
+    for node in gm.graph.find_nodes(op="call_function", target=torch.ops.aten.view.default):
+        node.target = torch.ops.aten.reshape.default
+    gm.recompile()
 
 
 def _value(node):

@@ -90,11 +90,12 @@ TOLERANCES = {
     # Gradients that cancel in float32, found by the full float32 sweep (not
     # at CI's or LIMIT=8's samples): cov's weighted-mean correction (up to 7
     # ulp of values near 18) and masked cumprod's division by running
-    # products (2 ulp near 1500; 1.5e-5 on values near 0.5); GQA attention's
-    # gradient (1e-5 relative).
+    # products (2 ulp near 1500; 1.5e-5 on values near 0.5); attention's
+    # gradient (1e-5 of its largest element: 1.2e-4 where gradients reach 11,
+    # as CPU's own math kernel differs from its flash kernel by 1e-5).
     "cov": {torch.float32: dict(atol=5e-5, rtol=1.3e-6)},
     "masked.cumprod": {torch.float32: dict(atol=5e-5, rtol=1.3e-6)},
-    "nn.functional.scaled_dot_product_attention": {torch.float32: dict(atol=1e-4, rtol=2e-5)},
+    "nn.functional.scaled_dot_product_attention": {torch.float32: dict(atol=2e-4, rtol=2e-5)},
     # Convolutions of large-magnitude samples sum in another order than CPU's kernels.
     **{f"nn.functional.conv{d}d": {torch.float32: CONV_FLOAT32} for d in (1, 2, 3)},
     **{f"nn.functional.conv_transpose{d}d": {torch.float32: CONV_FLOAT32, torch.bfloat16: CONV_TRANSPOSE_BFLOAT16}

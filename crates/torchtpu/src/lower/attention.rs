@@ -1,8 +1,9 @@
 //! PyTorch's fused attention kernels: `_native_multi_head_attention`
 //! (nn.MultiheadAttention's fast path in eval mode, which PyTorch takes on
-//! PrivateUse1 devices too) and `_masked_softmax` with its backward, with
-//! CPU's formulas in the opmath type. `scaled_dot_product_attention` is
-//! PyTorch's math composite and needs nothing here.
+//! PrivateUse1 devices too), `_masked_softmax` with its backward, and the
+//! fused `scaled_dot_product_attention` the adapter chooses
+//! (`torchtpu::attention`, csrc/attention.cpp) with its backward, with
+//! CPU's formulas in the opmath type.
 use super::elementwise::{finish, float_only};
 use super::nn::{add, div, exp_shifted, mul, reduce_back, sub};
 use super::{op, wrap_dim, Cx, Entry, UNDEFINED};
@@ -16,6 +17,8 @@ pub static ENTRIES: &[Entry] = &[
     op("_native_multi_head_attention", multi_head_attention),
     op("_masked_softmax", masked_softmax),
     op("_masked_softmax_backward", masked_softmax_backward),
+    op("torchtpu::attention", fused_attention),
+    op("torchtpu::attention_backward", fused_attention_backward),
 ];
 
 /// `x` [.., k] times `w`ᵀ (w: [n, k]) plus `b` [n].
@@ -188,4 +191,219 @@ fn multi_head_attention(cx: &mut Cx) -> Result<Vec<V>> {
         weights
     };
     Ok(vec![out, cx.g.convert(weights, q.dtype)])
+}
+
+/// The sizes of a fused attention call, its query heads grouped by the key
+/// head they share (grouped-query attention; G = 1 otherwise). Scores are
+/// computed per key head over G·L rows, [B, Hk, G·L, S]: query head
+/// `j·G + g` reads key head `j`, as the composite's `repeat_interleave`.
+struct Grouped {
+    b: i64,
+    hk: i64,
+    g: i64,
+    l: i64,
+    s: i64,
+    ev: i64,
+    ct: DType,
+}
+
+impl Grouped {
+    fn of(cx: &Cx) -> Result<Grouped> {
+        let (q, k, v) = (cx.meta("query")?, cx.meta("key")?, cx.meta("value")?);
+        ensure!(
+            q.sizes.len() == 4 && k.sizes.len() == 4 && v.sizes.len() == 4,
+            "tpu's fused attention takes 4-d query, key and value"
+        );
+        float_only(q.dtype, "_scaled_dot_product_fused_attention_overrideable")?;
+        ensure!(k.dtype == q.dtype && v.dtype == q.dtype, "Expected query, key, and value to have the same dtype");
+        let (hq, hk) = (q.sizes[1], k.sizes[1]);
+        ensure!(hk > 0 && hq % hk == 0, "number of heads in key/value must divide number of heads in query");
+        let g = hq / hk;
+        Ok(Grouped { b: q.sizes[0], hk, g, l: q.sizes[2], s: k.sizes[2], ev: v.sizes[3], ct: opmath(q.dtype) })
+    }
+
+    fn scores(&self) -> [i64; 4] {
+        [self.b, self.hk, self.g * self.l, self.s]
+    }
+
+    /// The query heads' shape of a [B, Hk, G·L, n] value.
+    fn by_query_head(&self, n: i64) -> [i64; 4] {
+        [self.b, self.hk * self.g, self.l, n]
+    }
+
+    /// Reads `name` [B, H, T, n] in the opmath type as [B, Hk, G·T, n]
+    /// (query-shaped operands) or as it is (key-shaped ones).
+    fn read(&self, cx: &mut Cx, name: &str) -> Result<V> {
+        let x = cx.tensor(name)?;
+        let shape = cx.g.ty(x).shape.clone();
+        let x = cx.g.convert(x, self.ct);
+        Ok(cx.g.reshape(x, &[shape[0], self.hk, shape[1] / self.hk * shape[2], shape[3]]))
+    }
+}
+
+/// `lhs` [B, Hk, m, k] times `rhs` [B, Hk, .., ..], contracting dimension
+/// `lc` of lhs with `rc` of rhs.
+fn batched(cx: &mut Cx, lhs: V, rhs: V, lc: i64, rc: i64) -> V {
+    cx.g.dot_general(lhs, rhs, (&[0, 1], &[0, 1]), (&[lc], &[rc]), cx.precision)
+}
+
+/// The scores `scale · q kᵀ + attn_bias` [B, Hk, G·L, S] in the opmath type,
+/// the positions a causal mask leaves out at -inf, and the scale splat to
+/// the scores' shape (`scale`, else 1/√E).
+fn scores(cx: &mut Cx, at: &Grouped, q: V, k: V) -> Result<(V, V)> {
+    let shape = at.scores();
+    let e = cx.meta("query")?.sizes[3];
+    let scale = match cx.scalar_like("scale", at.ct, &shape)? {
+        Some(s) => s,
+        None => cx.g.full(1.0 / (e as f64).sqrt(), at.ct, &shape),
+    };
+    let qk = batched(cx, q, k, 3, 3);
+    let mut s = mul(cx, qk, scale);
+    if let Some(bias) = cx.opt_tensor("attn_bias")? {
+        let bias = cx.g.convert(bias, at.ct);
+        let bias = cx.g.broadcast_to(bias, &at.by_query_head(at.s));
+        let bias = cx.g.reshape(bias, &shape);
+        s = add(cx, s, bias);
+    }
+    if cx.bool("is_causal")? {
+        // Row l keeps columns 0..=l (the upper-left triangle, as the composite's tril).
+        let grid = [at.g, at.l, at.s];
+        let (rows, cols) = (cx.g.iota(DType::I64, &grid, 1), cx.g.iota(DType::I64, &grid, 2));
+        let after = cx.g.compare("GT", cols, rows);
+        let after = cx.g.reshape(after, &[at.g * at.l, at.s]);
+        let after = cx.g.broadcast_in_dim(after, &shape, &[2, 3]);
+        let minus_inf = cx.g.full(f64::NEG_INFINITY, at.ct, &shape);
+        s = cx.g.select(after, minus_inf, s);
+    }
+    Ok((s, scale))
+}
+
+/// `x` with its dimensions in the order the int list `layout` gives (the
+/// adapter views the result with the strides PyTorch's meta function gives).
+fn laid_out(cx: &mut Cx, x: V, layout: &str) -> Result<V> {
+    let order = cx.ints(layout)?;
+    Ok(cx.g.transpose(x, &order))
+}
+
+/// `x` where `cond`, else 0.
+fn zero_unless(cx: &mut Cx, cond: V, x: V) -> V {
+    let ty = cx.g.ty(x).clone();
+    let zero = cx.g.full(0.0, ty.dtype, &ty.shape);
+    cx.g.select(cond, x, zero)
+}
+
+/// The softmax of the scores over their last dimension, unnormalized: the
+/// exponentials `e` of the scores less their row's maximum, the rows' sums
+/// and maxima, and which rows have a position left in (`live`: a row whose
+/// every position is left out gives 0, as PyTorch's `_safe_softmax` in the
+/// composite).
+struct Softmax {
+    e: V,
+    sum: V,
+    max: V,
+    live: V,
+}
+
+fn softmax_rows(cx: &mut Cx, at: &Grouped, s: V) -> Softmax {
+    let (shape, rows) = (at.scores(), &at.scores()[..3]);
+    let max = cx.g.reduce(ReduceKind::Max, s, &[3]);
+    let minus_inf = cx.g.full(f64::NEG_INFINITY, at.ct, rows);
+    let live = cx.g.compare("NE", max, minus_inf);
+    let max = zero_unless(cx, live, max);
+    let max_b = cx.g.broadcast_in_dim(max, &shape, &[0, 1, 2]);
+    let shifted = sub(cx, s, max_b);
+    let e = cx.g.unary("stablehlo.exponential", shifted);
+    let sum = cx.g.reduce(ReduceKind::Sum, e, &[3]);
+    Softmax { e, sum, max, live }
+}
+
+/// `value` [B, Hk, G·L, n] divided by its row's sum, 0 in rows left out.
+fn normalize(cx: &mut Cx, sm: &Softmax, value: V) -> V {
+    let shape = cx.g.ty(value).shape.clone();
+    let sum = cx.g.broadcast_in_dim(sm.sum, &shape, &[0, 1, 2]);
+    let live = cx.g.broadcast_in_dim(sm.live, &shape, &[0, 1, 2]);
+    let r = div(cx, value, sum);
+    zero_unless(cx, live, r)
+}
+
+/// `softmax(scores) · v` (its dimensions in `layout`'s order), the rows'
+/// log-sum-exp (-inf for a row left out), and zeros for the random state of
+/// a dropout that never ran.
+fn fused_attention(cx: &mut Cx) -> Result<Vec<V>> {
+    let at = Grouped::of(cx)?;
+    let dtype = cx.meta("query")?.dtype;
+    let (q, k, v) = (at.read(cx, "query")?, at.read(cx, "key")?, at.read(cx, "value")?);
+    let (s, _) = scores(cx, &at, q, k)?;
+    let sm = softmax_rows(cx, &at, s);
+    let ev = batched(cx, sm.e, v, 3, 2);
+    let out = normalize(cx, &sm, ev);
+    let out = cx.g.reshape(out, &at.by_query_head(at.ev));
+    let out = laid_out(cx, out, "layout")?;
+    let log_sum = cx.g.unary("stablehlo.log", sm.sum);
+    let lse = add(cx, sm.max, log_sum);
+    let minus_inf = cx.g.full(f64::NEG_INFINITY, at.ct, &at.scores()[..3]);
+    let lse = cx.g.select(sm.live, lse, minus_inf);
+    let lse = cx.g.reshape(lse, &at.by_query_head(1)[..3]);
+    let state = cx.g.full(0.0, DType::I64, &[]);
+    Ok(vec![cx.g.convert(out, dtype), cx.g.convert(lse, DType::F32), state, state])
+}
+
+/// `x` [B, Hq, L, S] summed over the dimensions `attn_bias` broadcast
+/// along, in its shape.
+fn sum_to_bias(cx: &mut Cx, x: V, bias: &[i64]) -> V {
+    let shape = cx.g.ty(x).shape.clone();
+    let lead = shape.len() - bias.len();
+    let dims: Vec<usize> = (0..shape.len()).filter(|&d| d < lead || (bias[d - lead] == 1 && shape[d] != 1)).collect();
+    let summed = cx.g.reduce(ReduceKind::Sum, x, &dims);
+    cx.g.reshape(summed, bias)
+}
+
+/// The gradients of query, key, value and attn_bias (those
+/// `grad_input_mask` asks for), from the probabilities P recomputed:
+/// dV = Pᵀ dO, dS = P ∘ (dO Vᵀ - rowsum(P ∘ dO Vᵀ)), dQ = scale · dS K,
+/// dK = scale · dSᵀ Q, d(attn_bias) = dS. P is normalized by its own row
+/// sums rather than through the forward's log-sum-exp: XLA may round the
+/// recomputed scores differently from the forward's, and a saturated row
+/// (P = 1 at one position) would then give dS = -ε dP instead of 0.
+fn fused_attention_backward(cx: &mut Cx) -> Result<Vec<V>> {
+    let at = Grouped::of(cx)?;
+    let wanted = cx.bools("grad_input_mask")?;
+    let (qm, km, vm) = (cx.meta("query")?, cx.meta("key")?, cx.meta("value")?);
+    let (q, k, v) = (at.read(cx, "query")?, at.read(cx, "key")?, at.read(cx, "value")?);
+    let grad = at.read(cx, "grad_out")?;
+    let (s, scale) = scores(cx, &at, q, k)?;
+    let sm = softmax_rows(cx, &at, s);
+    let p = normalize(cx, &sm, sm.e);
+    let dp = batched(cx, grad, v, 3, 3);
+    let pdp = mul(cx, p, dp);
+    let rowsum = reduce_back(cx, ReduceKind::Sum, pdp, &[3]);
+    let centered = sub(cx, dp, rowsum);
+    let ds = mul(cx, p, centered);
+    let ds_scaled = mul(cx, ds, scale);
+    let want = |i: usize| wanted.get(i).copied().unwrap_or(true);
+    let mut grads = [UNDEFINED; 4];
+    if want(0) {
+        let dq = batched(cx, ds_scaled, k, 3, 2);
+        let dq = cx.g.reshape(dq, qm.sizes);
+        let dq = cx.g.convert(dq, qm.dtype);
+        grads[0] = laid_out(cx, dq, "query_layout")?;
+    }
+    if want(1) {
+        let dk = batched(cx, ds_scaled, q, 2, 2);
+        let dk = cx.g.convert(dk, km.dtype);
+        grads[1] = laid_out(cx, dk, "key_layout")?;
+    }
+    if want(2) {
+        let dv = batched(cx, p, grad, 2, 2);
+        let dv = cx.g.convert(dv, vm.dtype);
+        grads[2] = laid_out(cx, dv, "value_layout")?;
+    }
+    if want(3) && !cx.is_none("attn_bias") {
+        let bias = cx.meta("attn_bias")?;
+        let ds = cx.g.reshape(ds, &at.by_query_head(at.s));
+        let db = sum_to_bias(cx, ds, bias.sizes);
+        let db = cx.g.convert(db, bias.dtype);
+        grads[3] = laid_out(cx, db, "attn_bias_layout")?;
+    }
+    Ok(grads.to_vec())
 }
