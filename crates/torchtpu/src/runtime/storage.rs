@@ -77,7 +77,22 @@ const FREE_BATCH: usize = 64;
 const FREE_BYTES: i64 = 64 << 20;
 const FREE_DELAY: Duration = Duration::from_millis(2);
 
+/// Whether a computed buffer is freed at once, on the thread dropping it.
+/// XLA:CPU's destroy does not wait for programs still reading the buffer
+/// (0.0 ms while a 300 ms product read it), and its frees then stay off the
+/// freeing thread, which otherwise meets the main thread's allocations on
+/// glibc's arena lock (strict `a + b`: 6.7 -> 6.2 µs; bench/RESULTS.md,
+/// 2026-11-27). Other plugins keep the thread for every buffer.
+fn frees_computed_at_once(buf: &pjrt::Buffer) -> bool {
+    static ON_CPU: OnceLock<bool> = OnceLock::new();
+    *ON_CPU.get_or_init(|| super::get().is_ok_and(|rt| rt.client.platform_name() == "cpu"))
+        && buf.ready_event().and_then(|e| e.is_ready()).unwrap_or(false)
+}
+
 fn free(buf: pjrt::Buffer, bytes: i64) {
+    if frees_computed_at_once(&buf) {
+        return drop(buf);
+    }
     static THREAD: OnceLock<()> = OnceLock::new();
     THREAD.get_or_init(|| {
         std::thread::Builder::new()
