@@ -339,10 +339,9 @@ fn fused_attention(cx: &mut Cx) -> Result<Vec<V>> {
     let out = normalize(cx, &sm, ev);
     let out = cx.g.reshape(out, &at.by_query_head(at.ev));
     let out = laid_out(cx, out, "layout")?;
+    // A row left out has max 0 and sum 0: its log-sum-exp is -inf as it is.
     let log_sum = cx.g.unary("stablehlo.log", sm.sum);
     let lse = add(cx, sm.max, log_sum);
-    let minus_inf = cx.g.full(f64::NEG_INFINITY, at.ct, &at.scores()[..3]);
-    let lse = cx.g.select(sm.live, lse, minus_inf);
     let lse = cx.g.reshape(lse, &at.by_query_head(1)[..3]);
     let state = cx.g.full(0.0, DType::I64, &[]);
     Ok(vec![cx.g.convert(out, dtype), cx.g.convert(lse, DType::F32), state, state])

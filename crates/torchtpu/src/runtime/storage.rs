@@ -81,7 +81,7 @@ const FREE_DELAY: Duration = Duration::from_millis(2);
 /// XLA:CPU's destroy does not wait for programs still reading the buffer
 /// (0.0 ms while a 300 ms product read it), and its frees then stay off the
 /// freeing thread, which otherwise meets the main thread's allocations on
-/// glibc's arena lock (strict `a + b`: 6.7 -> 6.2 µs; bench/RESULTS.md,
+/// glibc's arena lock (strict `a + b`: 6.7 -> 5.8 µs; bench/RESULTS.md,
 /// 2026-11-27). Other plugins keep the thread for every buffer.
 fn frees_computed_at_once(buf: &pjrt::Buffer) -> bool {
     static ON_CPU: OnceLock<bool> = OnceLock::new();
