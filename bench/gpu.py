@@ -16,6 +16,7 @@ checks say they were skipped: the command runs as far as the machine goes.
 import argparse
 import gc
 import json
+import operator
 import os
 import platform
 import statistics
@@ -40,7 +41,7 @@ WORKLOADS = {
     "generate": ("Llama generate()", dict(layers=8, d=1024, new=128), dict(layers=2, d=128, new=16)),
     "op": ("a + b, f32[4], results dropped", dict(iters=5000), dict(iters=5000)),
 }
-BACKENDS = ["cuda-eager", "cuda-inductor", "tpu-fused", "tpu-strict", "tpu-compiled"]
+BACKENDS = ["cuda-eager", "cuda-inductor", "tpu-fused", "tpu-strict", "tpu-compiled", "jax-jit"]
 
 
 # ------------------------------------------------------------- one measurement (child)
@@ -89,7 +90,7 @@ def _model_and_step(workload, size, device, compiled, backend):
     return step
 
 
-def _generate_rate(size, device, sync):
+def _generate_rate(size, device, sync, reset_counters):
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -105,28 +106,39 @@ def _generate_rate(size, device, sync):
         sync()
         return out
     run()  # compilations, caches
+    reset_counters()
     start = time.perf_counter()
     out = run()
     return {"tok/s": size["new"] / (time.perf_counter() - start), "tokens": out[0, -8:].tolist()}
 
 
-def _per_op_us(size, device, sync):
+def _per_op_us(size, add, a, b, wait, reset_counters):
     """What one tiny op costs the host in a long run of them (best of 5)."""
-    import torch
-
-    a, b = torch.ones(4, device=device), torch.ones(4, device=device)
     best = float("inf")
     for _ in range(6):  # the first round compiles and warms up
-        sync()
+        wait(add(a, b))
+        reset_counters()
         start = time.perf_counter()
         for _ in range(size["iters"]):
-            a + b
-        sync()
+            out = add(a, b)
+        wait(out)
         best = min(best, (time.perf_counter() - start) / size["iters"] * 1e6)
     return {"us per op": best}
 
 
+def _jax_per_op_us(size):
+    """The same op through JAX's own dispatch of a compiled function on the
+    same PJRT plugin: the floor a launch per op costs there."""
+    import jax
+    import jax.numpy as jnp
+
+    a, b = jnp.ones(4), jnp.ones(4)
+    return _per_op_us(size, jax.jit(lambda a, b: a + b), a, b, lambda out: out.block_until_ready(), lambda: None)
+
+
 def child(workload, backend, quick, precision, steps):
+    if backend == "jax-jit":
+        return _jax_per_op_us(WORKLOADS[workload][2 if quick else 1]) if workload == "op" else {"skipped": "a tiny op only"}
     import torch
 
     torch.set_float32_matmul_precision(precision)
@@ -142,11 +154,35 @@ def child(workload, backend, quick, precision, steps):
         sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
         compiled, compile_backend = backend.endswith("inductor"), "inductor"
     size = WORKLOADS[workload][2 if quick else 1]
+    compilations = [0]  # those before each reset of the counters
+
+    def reset_counters():
+        if device == "tpu":
+            compilations.append(torchtpu.metrics()["compilations"])
+            torchtpu.reset_metrics()
+
     if workload in ("generate", "op"):
         if compiled:
             return {"skipped": "measured eagerly"}
-        return (_generate_rate if workload == "generate" else _per_op_us)(size, device, sync)
-    step = _model_and_step(workload, size, device, compiled, compile_backend)
+        if workload == "op":
+            a, b = torch.ones(4, device=device), torch.ones(4, device=device)
+            result = _per_op_us(size, operator.add, a, b, lambda out: sync(), reset_counters)
+        else:
+            result = _generate_rate(size, device, sync, reset_counters)
+    else:
+        result = _step_times(_model_and_step(workload, size, device, compiled, compile_backend), sync, steps)
+    if backend.startswith("tpu"):
+        metrics = torchtpu.metrics()
+        result.update(compilations=sum(compilations) + metrics["compilations"], fallbacks=metrics["fallbacks"])
+        if workload == "op" and metrics["executions"]:  # the last timed round's
+            result["execute us/program"] = metrics["execute_ns"] / metrics["executions"] / 1e3
+        if workload == "generate":  # the timed call's
+            result.update({"ops/token": metrics["ops"] / size["new"], "programs/token": metrics["executions"] / size["new"],
+                           "replays/token": metrics["fused_replays"] / size["new"]})
+    return result
+
+
+def _step_times(step, sync, steps):
     # Each step's result is held until the synchronize: on tpu, work whose
     # results nobody holds (an inference step's logits, dropped) is never
     # computed, which CUDA and CPU eager compute anyway.
@@ -170,11 +206,7 @@ def child(workload, backend, quick, precision, steps):
     outs = [step() for _ in range(steps)]
     sync()
     del outs
-    result = {"synced ms": 1e3 * statistics.median(times), "pipelined /s": steps / (time.perf_counter() - start)}
-    if backend.startswith("tpu"):
-        result["compilations"] = torchtpu.metrics()["compilations"]
-        result["fallbacks"] = torchtpu.metrics()["fallbacks"]
-    return result
+    return {"synced ms": 1e3 * statistics.median(times), "pipelined /s": steps / (time.perf_counter() - start)}
 
 
 # ------------------------------------------------------------- checks (children)
@@ -292,7 +324,10 @@ def _side_by_side(results, backends):
     lines += ["", "Compilations and CPU fallbacks of the tpu runs:", ""]
     for (workload, backend), r in results.items():
         if backend.startswith("tpu") and "compilations" in r:
-            lines.append(f"- {workload} {backend}: {r['compilations']} compilations, fallbacks {r['fallbacks'] or 'none'}")
+            extra = "".join(f", {r[k]:.3g} {k}" for k in ("ops/token", "programs/token", "replays/token",
+                                                                "execute us/program") if k in r)
+            lines.append(f"- {workload} {backend}: {r['compilations']} compilations, fallbacks {r['fallbacks'] or 'none'}"
+                         f"{extra}")
     for (workload, backend), r in results.items():
         if "error" in r:
             lines += ["", f"### {workload} on {backend} failed", "", "```", r["error"].strip()[-1500:], "```"]
@@ -340,7 +375,7 @@ def main():
         print(lines[-1], flush=True)
     lines.append("")
 
-    backends = BACKENDS if cuda else ["cpu-eager", "tpu-fused", "tpu-strict", "tpu-compiled"]
+    backends = BACKENDS if cuda else ["cpu-eager", "tpu-fused", "tpu-strict", "tpu-compiled", "jax-jit"]
     pairs = ([tuple(p.split(":")) for p in args.pairs.split(",")] if args.pairs
              else [(w, b) for w in WORKLOADS for b in backends])
     backends = [b for b in backends if any(b == pb for _, pb in pairs)]

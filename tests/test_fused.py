@@ -370,13 +370,26 @@ def test_a_long_step_runs_in_parts_met_again(tmp_path):
             before[0] = now
         losses = train("transformer", "tpu", 6, 1e-4, on_step=on_step, dropout=0.0)
         print(json.dumps([deltas, losses, torchtpu.metrics()["flushes"].get("part", 0)]))
-    """, TORCHTPU_PART_OPS="64", TORCHTPU_CACHE_DIR="")
+    """, TORCHTPU_PART_OPS="64", TORCHTPU_PART_FLOPS="0", TORCHTPU_CACHE_DIR="")
     deltas, losses, parts = json.loads(out.stdout)
     executions = deltas[2][0]
     assert executions >= 3 and parts >= 6 * (executions - 1), out.stdout
     assert deltas[2:] == [[executions, executions, 0]] * 4, deltas
     expected = train("transformer", "cpu", 6, 1e-4, dropout=0.0)
     torch.testing.assert_close(torch.tensor(losses), torch.tensor(expected), rtol=1e-4, atol=0)
+
+
+def test_a_step_of_few_products_is_not_cut(tmp_path):
+    """A part must hold products worth a cut (TORCHTPU_PART_FLOPS, default
+    2^38): a small model's step stays one program however many ops it has."""
+    out = run_script(tmp_path, """
+        import torch, torchtpu
+        from workloads import train
+        train("transformer", "tpu", 3, 1e-4, dropout=0.0)
+        print(torchtpu.metrics()["flushes"].get("part", 0), torchtpu.metrics()["executions"])
+    """, TORCHTPU_PART_OPS="64", TORCHTPU_CACHE_DIR="")
+    parts, executions = map(int, out.stdout.split()[-2:])
+    assert parts == 0 and executions <= 6, out.stdout
 
 
 def test_an_unread_loop_runs_the_programs_of_a_read_one():

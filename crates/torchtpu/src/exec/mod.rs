@@ -79,6 +79,8 @@ pub struct Plan {
     /// The tensor arguments' types, for explanations.
     arg_types: Vec<Ty>,
     pub graph: crate::ir::Graph,
+    /// Its graph's product FLOPs, for where fused mode cuts a step in parts.
+    pub flops: u64,
     pub inputs: Vec<Input>,
     /// The op's defined results (the first `outputs.len()` graph outputs
     /// hold them flat).
@@ -120,6 +122,7 @@ impl Plan {
         Plan {
             name,
             arg_types: Vec::new(),
+            flops: graph.product_flops(),
             graph,
             inputs,
             outputs,
@@ -347,6 +350,7 @@ fn build(
                 _ => vec![],
             })
             .collect(),
+        flops: g.product_flops(),
         graph: g,
         inputs: cx.inputs,
         outputs: logical,

@@ -171,6 +171,8 @@ pub struct Trace {
     pending: Vec<Weak<Pending>>,
     /// Nodes the recorded plans hold, for the size bound.
     nodes: usize,
+    /// The recorded plans' product FLOPs, for parts.
+    flops: u64,
     /// Recording a compiled graph's plan (see `begin_capture`): nothing may
     /// flush, and random keys are drawn afresh at each call.
     capture: bool,
@@ -265,6 +267,15 @@ fn part_ops() -> usize {
     }
 }
 
+/// Product FLOPs a part must hold (`TORCHTPU_PART_FLOPS`). A cut cost
+/// 0.4-0.9 ms of a synced step on an H200 (a decoding step, a small CNN's
+/// step: both ran faster whole), so a part pays only where its device time
+/// is longer: 2^38 FLOP is ~1 ms of an H100's TF32 products.
+fn part_flops() -> u64 {
+    static FLOPS: OnceLock<usize> = OnceLock::new();
+    env_usize("TORCHTPU_PART_FLOPS", || 1 << 38, &FLOPS) as u64
+}
+
 pub fn logging() -> bool {
     static LOG: OnceLock<bool> = OnceLock::new();
     *LOG.get_or_init(|| std::env::var("TORCHTPU_LOG").is_ok_and(|v| !v.is_empty() && v != "0"))
@@ -312,7 +323,8 @@ impl Trace {
     /// - past half the part size (or half the size bound), before the op
     ///   that began the trace comes round again: a repeated structure (a
     ///   layer, an iteration) is cut whole;
-    /// - at the part size regardless.
+    /// - at the part size regardless;
+    /// parts only once they hold enough products for the device to pay a cut.
     fn cut_before(&self, plan: &Arc<Plan>) -> Option<Reason> {
         if self.capture || self.records.is_empty() {
             return None;
@@ -326,7 +338,8 @@ impl Trace {
             return Some(Reason::Size);
         }
         let n = self.records.len();
-        (n >= part_ops() || recurs && n >= part_ops() / 2).then_some(Reason::Part)
+        let long = n >= part_ops() || recurs && n >= part_ops() / 2;
+        (long && self.flops >= part_flops()).then_some(Reason::Part)
     }
 
     fn param(&mut self, param: Param) -> Operand {
@@ -485,6 +498,7 @@ pub fn record(plan: &Arc<Plan>, args: &[Arg], device: usize) -> Result<Vec<Value
     }
     t.records.push(Record { plan: plan.clone(), operands: first, source });
     t.nodes += plan.graph.nodes.len();
+    t.flops += plan.flops;
     if t.since == 0 {
         t.first = Arc::as_ptr(plan) as usize;
     }

@@ -535,6 +535,24 @@ impl Graph {
         })
     }
 
+    /// Floating-point operations of its products (dots and convolutions,
+    /// two per multiply-add): where they dominate, what sets the device time.
+    pub fn product_flops(&self) -> u64 {
+        let flops = |n: &Node| match &n.op {
+            Op::DotGeneral { lhs_contract, .. } => {
+                let lhs = self.ty(n.args[0]);
+                2 * n.ty.numel() * lhs_contract.iter().map(|&d| lhs.shape[d as usize]).product::<i64>()
+            }
+            // Each output element sums a kernel's window over its input features.
+            Op::Convolution(c, _) => {
+                let kernel = self.ty(n.args[1]);
+                2 * n.ty.numel() * (kernel.numel() / kernel.shape[c.rhs[0] as usize].max(1))
+            }
+            _ => 0,
+        };
+        self.nodes.iter().map(|n| flops(n).max(0) as u64).sum()
+    }
+
     /// Convolution of `lhs` (input) with `rhs` (kernel), same dtype.
     pub fn convolution(&mut self, lhs: V, rhs: V, c: Conv, precision: Precision) -> V {
         let (l, r) = (self.ty(lhs).clone(), self.ty(rhs).clone());
@@ -677,5 +695,31 @@ mod tests {
         let (g, x, _, y) = linear(4);
         assert_eq!(g.ty(y).shape, [4, 16]);
         assert_eq!(dot_of(&g, y).args[0], x);
+    }
+
+    #[test]
+    fn product_flops_count_two_per_multiply_add() {
+        let (g, ..) = linear(4);
+        assert_eq!(g.product_flops(), 2 * 4 * 16 * 8);
+        // A 3x3 convolution of 2 input features into 5, over a 6x6 output map.
+        let mut g = Graph::default();
+        let (x, k) = (g.param(Ty::new(DType::F32, &[1, 2, 8, 8])), g.param(Ty::new(DType::F32, &[5, 2, 3, 3])));
+        let two = vec![1; 2];
+        let c = Conv {
+            lhs: vec![0, 1, 2, 3],
+            rhs: vec![0, 1, 2, 3],
+            out: vec![0, 1, 2, 3],
+            strides: two.clone(),
+            padding: vec![(0, 0); 2],
+            lhs_dilation: two.clone(),
+            rhs_dilation: two,
+            feature_groups: 1,
+            batch_groups: 1,
+        };
+        let y = g.convolution(x, k, c, Precision::Highest);
+        assert_eq!(g.ty(y).shape, [1, 5, 6, 6]);
+        let elementwise = g.binary("stablehlo.add", y, y);
+        g.outputs = vec![elementwise];
+        assert_eq!(g.product_flops(), 2 * (5 * 6 * 6) * (2 * 3 * 3));
     }
 }
