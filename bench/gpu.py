@@ -341,6 +341,8 @@ def main():
     parser.add_argument("--no-suite", action="store_true")
     parser.add_argument("--quick", action="store_true", help="small sizes (the default without CUDA)")
     parser.add_argument("--precision", default="high", choices=["highest", "high", "medium"])
+    parser.add_argument("--math-attention", action="store_true",
+                        help="scaled_dot_product_attention through PyTorch's math composite on every backend")
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--checks", help="the checks to run, comma-separated (default: all)")
     parser.add_argument("--pairs", help="workload:backend,... to measure, in this order (default: all); "
@@ -348,7 +350,13 @@ def main():
     parser.add_argument("--child", nargs=2, metavar=("WORKLOAD", "BACKEND"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(child(*args.child, args.quick, args.precision, args.steps)))
+        if args.math_attention:
+            from torch.nn.attention import SDPBackend, sdpa_kernel
+
+            with sdpa_kernel(SDPBackend.MATH):
+                print(json.dumps(child(*args.child, args.quick, args.precision, args.steps)))
+        else:
+            print(json.dumps(child(*args.child, args.quick, args.precision, args.steps)))
         return
 
     os.environ["TORCHTPU_CACHE_DIR"] = tempfile.mkdtemp(prefix="torchtpu-gpu-report-")
@@ -359,6 +367,7 @@ def main():
     lines = [f"# torchtpu on {platform.node()}: {date.today()}", "",
              f"- plugin: `{plugin}`; CUDA {'available' if cuda else 'not available (reference: CPU eager)'}",
              f"- float32 matmul precision in every process: `{args.precision}`; {args.steps} steps; "
+             f"{'math attention; ' if args.math_attention else ''}"
              f"an empty compilation cache", "", "Sizes:", ""]
     lines += [f"- {title}: {size[1 if quick else 0]}" for title, *size in WORKLOADS.values()] + [""]
 
@@ -382,6 +391,7 @@ def main():
     results = {}
     for workload, backend in pairs:
         code, out = _python([__file__, "--child", workload, backend, "--precision", args.precision,
+                             *(["--math-attention"] if args.math_attention else []),
                              "--steps", str(args.steps), *(["--quick"] if quick else [])], 1800)
         results[workload, backend] = json.loads(out) if code == 0 else {"error": out}
         print(workload, backend, results[workload, backend], flush=True)
