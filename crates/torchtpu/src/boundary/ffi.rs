@@ -1,6 +1,6 @@
 //! The `extern "C"` functions the adapter calls (`csrc/ffi.h`). Each one
 //! only converts arguments and errors; panics never cross into C++.
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::ffi::{c_char, c_void, CStr, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
@@ -64,6 +64,17 @@ thread_local! {
     /// the new storages, the views and what their shapes point into.
     static GRAPH_RESULTS: RefCell<(Vec<TtResult>, Vec<TtView>, Vec<compiled::View>)> =
         const { RefCell::new((Vec::new(), Vec::new(), Vec::new())) };
+    /// tt_op_run's list of decoded arguments, kept (empty) between calls so
+    /// that an op allocates none.
+    static ARGS: Cell<Vec<Arg<'static>>> = const { Cell::new(Vec::new()) };
+}
+
+/// `list` emptied, for the next call's arguments.
+fn recycle(mut list: Vec<Arg<'_>>) -> Vec<Arg<'static>> {
+    list.clear();
+    // SAFETY: the list is empty, so no borrow of the call's arguments
+    // outlives it: only its allocation is kept.
+    unsafe { std::mem::transmute::<Vec<Arg<'_>>, Vec<Arg<'static>>>(list) }
 }
 
 /// Runs `f`, turning errors and panics into a status code and a message.
@@ -185,9 +196,13 @@ pub unsafe extern "C" fn tt_op_run(
 ) -> i32 {
     guard(|| {
         let def = lower::get(op)?;
-        let raw = std::slice::from_raw_parts(args, nargs.max(0) as usize);
-        let decoded: Vec<Arg> = raw.iter().map(|a| args::decode(a)).collect::<Result<_>>()?;
-        let (plan, storages) = exec::run_op(def, &decoded)?;
+        let mut decoded: Vec<Arg> = ARGS.take();
+        for a in std::slice::from_raw_parts(args, nargs.max(0) as usize) {
+            decoded.push(args::decode(a)?);
+        }
+        let run = exec::run_op(def, &decoded);
+        ARGS.set(recycle(decoded));
+        let (plan, storages) = run?;
         RESULTS.with(|r| {
             let (out, shapes) = &mut *r.borrow_mut();
             out.clear();

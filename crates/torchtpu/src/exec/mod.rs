@@ -85,6 +85,8 @@ pub struct Plan {
     /// The op's defined results (the first `outputs.len()` graph outputs
     /// hold them flat).
     pub outputs: Vec<Ty>,
+    /// Those graph outputs' flat types, as recorded results share them.
+    pub stored: Vec<Arc<Ty>>,
     /// Positions of undefined results among the lowering's results (the
     /// graph computes only the others).
     undefined: Vec<usize>,
@@ -109,6 +111,10 @@ struct Alone {
     program: Weak<Program>,
 }
 
+fn stored_types(g: &crate::ir::Graph, results: usize) -> Vec<Arc<Ty>> {
+    g.outputs[..results].iter().map(|&out| Arc::new(g.ty(out).clone())).collect()
+}
+
 impl Plan {
     /// A plan built elsewhere than by a lowering (a compiled graph's).
     pub fn new(
@@ -123,6 +129,7 @@ impl Plan {
             name,
             arg_types: Vec::new(),
             flops: graph.product_flops(),
+            stored: stored_types(&graph, outputs.len()),
             graph,
             inputs,
             outputs,
@@ -351,6 +358,7 @@ fn build(
             })
             .collect(),
         flops: g.product_flops(),
+        stored: stored_types(&g, logical.len()),
         graph: g,
         inputs: cx.inputs,
         outputs: logical,

@@ -231,7 +231,7 @@ pub fn placeholder(ty: crate::ir::Ty, input: Input) -> Result<Arc<Pending>> {
     let mut guard = CAPTURE.lock().unwrap();
     let t = guard.as_mut().ok_or_else(|| Error::runtime("torchtpu: no graph is being captured"))?;
     t.params.push(Param::Input(input, ty.clone()));
-    Ok(Pending::new(t.epoch, Operand::Param(t.params.len() - 1).word(), ty))
+    Ok(Pending::new(t.epoch, Operand::Param(t.params.len() - 1).word(), Arc::new(ty)))
 }
 
 /// The captured trace (None if no capture was running).
@@ -503,11 +503,11 @@ pub fn record(plan: &Arc<Plan>, args: &[Arg], device: usize) -> Result<Vec<Value
         t.first = Arc::as_ptr(plan) as usize;
     }
     t.since += 1;
-    let g = &plan.graph;
-    let results = g.outputs[..plan.outputs.len()]
+    let results = plan
+        .stored
         .iter()
-        .map(|&out| {
-            let p = Pending::new(t.epoch, Operand::Result(t.pending.len()).word(), g.ty(out).clone());
+        .map(|ty| {
+            let p = Pending::new(t.epoch, Operand::Result(t.pending.len()).word(), ty.clone());
             t.pending.push(Arc::downgrade(&p));
             Value::Pending(p)
         })

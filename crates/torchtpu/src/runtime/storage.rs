@@ -136,7 +136,8 @@ impl Drop for DeviceBuffer {
 pub struct Pending {
     pub epoch: u64,
     pub node: V,
-    pub ty: Ty,
+    /// Shared with its plan: recording a result allocates no shape.
+    pub ty: Arc<Ty>,
     pub result: OnceLock<Result<Arc<DeviceBuffer>>>,
     /// Its trace was flushed: `result` is filled now or soon, never left empty.
     pub flushed: AtomicBool,
@@ -155,7 +156,7 @@ pub enum Replaced {
 }
 
 impl Pending {
-    pub fn new(epoch: u64, node: V, ty: Ty) -> Arc<Pending> {
+    pub fn new(epoch: u64, node: V, ty: Arc<Ty>) -> Arc<Pending> {
         Arc::new(Pending {
             epoch,
             node,
