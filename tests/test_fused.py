@@ -392,6 +392,21 @@ def test_a_step_of_few_products_is_not_cut(tmp_path):
     assert parts == 0 and executions <= 6, out.stdout
 
 
+def test_a_one_op_step_is_not_cut_at_each_repeat():
+    """A step of a single op read once does not make every later use of that
+    op a flush of its own (fused mode would run as strict)."""
+    a, b = torch.ones(4, device="tpu"), torch.ones(4, device="tpu")
+    out = a + b
+    torch.tpu.synchronize()
+    torchtpu.reset_metrics()
+    for _ in range(100):
+        out = a + b
+    torch.tpu.synchronize()
+    m = torchtpu.metrics()
+    assert "step_repeat" not in m["flushes"] and m["executions"] == 1, m
+    assert out.tolist() == [2.0] * 4
+
+
 def test_an_unread_loop_runs_the_programs_of_a_read_one():
     """A step met before that begins again unread is flushed there: a loop
     that synchronizes only at its end replays the program its synchronized

@@ -299,19 +299,22 @@ impl Trace {
     }
 
     /// A flush for `reason` ends the step being recorded unless it cuts the
-    /// step itself (a part, the size bound): the step is then one met.
+    /// step itself (a part, the size bound): the step is then one met,
+    /// unless it is a single op. Cut at each repeat, a one-op step would
+    /// make every later use of its op a program of its own (`x = a + b`
+    /// read once, then in a loop: 6.7 µs per op against 1.4 recorded).
     fn end_step(&mut self, reason: Reason) {
         if matches!(reason, Reason::Part | Reason::Size) || self.since == 0 {
             return;
         }
         let step = (self.first, self.since);
-        if !self.steps.contains(&step) {
+        self.since = 0;
+        if step.1 > 1 && !self.steps.contains(&step) {
             if self.steps.len() == 8 {
                 self.steps.remove(0);
             }
             self.steps.push(step);
         }
-        self.since = 0;
     }
 
     /// Why the trace ends before `plan` is recorded, if it does. Cuts fall
@@ -1008,6 +1011,9 @@ fn explain(ops: &[(Weak<Plan>, Option<String>)], history: &[Vec<(Weak<Plan>, Opt
 
 fn run(mut trace: Trace, live: &[Arc<Pending>]) -> Result<()> {
     let resolved = resolve_futures(&mut trace)?;
+    if live.is_empty() && trace.records.iter().all(|r| r.plan.checks.is_empty()) {
+        return Ok(()); // nothing held, nothing to verify: nothing to compute
+    }
     let tape = tape(&trace, live);
     if let Some((r, program)) = replay(&trace, &tape, live, &resolved) {
         bump(&METRICS.fused_hits);
