@@ -494,14 +494,44 @@ def test_scaled_dot_product_attention_is_one_fused_op(case, mode):
     compare(attend, x, k, v, m, grad=True, atol=1e-5, rtol=1e-4)
 
 
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_scaled_dot_product_attention_dropout_is_fused(compiled, mode):
+    """Dropout takes the fused kernel too. With the identity as values the
+    output is the dropped probabilities themselves: about 1 - p of them
+    kept, each CPU's probability over 1 - p, and the gradients are CPU's
+    for that same mask (the backward draws it again from the forward's
+    key), eager and compiled."""
+    p, S = 0.3, 64
+    q, k, eye = torch.randn(2, 2, 8, 16), torch.randn(2, 2, S, 16), torch.eye(S).expand(2, 2, S, S)
+    ran, _ = operators_run(F.scaled_dot_product_attention, *(t.to("tpu") for t in (q, k, eye)), None, p)
+    assert ran.count("torchtpu::attention") == 1 and "aten::_softmax" not in ran
+
+    def attend(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=p)
+
+    w = torch.randn(2, 2, 8, S)
+    inputs = [t.to("tpu").requires_grad_() for t in (q, k, eye)]
+    out = (torch.compile(attend, backend="tpu") if compiled else attend)(*inputs)
+    (out * w.to("tpu")).sum().backward()
+    kept = out.detach().cpu() != 0
+    assert abs(kept.float().mean().item() - (1 - p)) < 0.05
+    expected_inputs = [t.clone().requires_grad_() for t in (q, k, eye)]
+    qe, ke, ve = expected_inputs
+    expected = (torch.softmax(qe @ ke.transpose(-1, -2) / 4, -1) * kept / (1 - p)) @ ve
+    (expected * w).sum().backward()
+    for got, want in zip([out] + [t.grad for t in inputs], [expected] + [t.grad for t in expected_inputs]):
+        assert_same(got, want.detach(), atol=1e-5, rtol=1e-4)
+
+
 def test_scaled_dot_product_attention_math_kernel_when_chosen_or_needed(mode):
-    """Dropout and sdpa_kernel(SDPBackend.MATH) take PyTorch's math
-    composite, which tpu runs op by op."""
+    """A dropout that keeps nothing and sdpa_kernel(SDPBackend.MATH) take
+    PyTorch's math composite, which tpu runs op by op."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     q, k, v = (torch.randn(2, 2, 5, 8, device="tpu") for _ in range(3))
-    ran, _ = operators_run(F.scaled_dot_product_attention, q, k, v, None, 0.5)
+    ran, out = operators_run(F.scaled_dot_product_attention, q, k, v, None, 1.0)
     assert "aten::_softmax" in ran and "torchtpu::attention" not in ran
+    assert_same(out, torch.zeros(2, 2, 5, 8))
     with sdpa_kernel(SDPBackend.MATH):
         ran, _ = operators_run(F.scaled_dot_product_attention, q, k, v)
         assert "aten::_softmax" in ran and "torchtpu::attention" not in ran

@@ -3,9 +3,11 @@
 // operator a device plugs in (as OpenReg does), whenever it computes what
 // the math composite would. One op then replaces the composite's dozen per
 // call (scale, grouped heads' expand, causal mask, two products, softmax)
-// and their autograd nodes; its backward is one op too. The math composite
-// still serves the rest (dropout, f64, other ranks, heads that only
-// broadcast), and `sdpa_kernel(SDPBackend.MATH)` chooses it.
+// and their autograd nodes; its backward is one op too, and a dropout needs
+// no mask kept between them (the backward draws it again from the key the
+// forward returns as philox seed and offset). The math composite still
+// serves the rest (f64, other ranks, heads that only broadcast, p = 1), and
+// `sdpa_kernel(SDPBackend.MATH)` chooses it.
 #include "adapter.h"
 
 #include <ATen/ATen.h>
@@ -24,8 +26,8 @@
 namespace torchtpu {
 namespace {
 
-// Whether the fused op computes this call as the composite would: no
-// dropout (the composite draws its mask), 4-d operands of one float32,
+// Whether the fused op computes this call as the composite would: a
+// dropout that keeps something (p < 1), 4-d operands of one float32,
 // float16 or bfloat16 dtype (f64 gradients would go through a float32
 // log-sum-exp), the same batch, key and value heads alike, query heads
 // equal to them or, with enable_gqa, a multiple (grouped-query attention),
@@ -37,7 +39,7 @@ bool fused_fits(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                   v.scalar_type() == dtype &&
                   (dtype == at::kFloat || dtype == at::kHalf || dtype == at::kBFloat16) &&
                   q.numel() > 0 && k.numel() > 0 && v.numel() > 0;
-  if (dropout_p != 0 || !operands) return false;
+  if (!(dropout_p >= 0 && dropout_p < 1) || !operands) return false;
   bool shapes = q.size(0) == k.size(0) && k.size(0) == v.size(0) && k.size(1) == v.size(1) &&
                 k.size(2) == v.size(2) && q.size(3) == k.size(3) &&
                 (q.size(1) == k.size(1) || (enable_gqa && q.size(1) % k.size(1) == 0));
@@ -101,8 +103,8 @@ struct Layout {
 };
 
 void check_fused(double dropout_p) {
-  TORCH_CHECK(dropout_p == 0, "tpu's fused attention has no dropout; scaled_dot_product_attention with "
-              "dropout_p > 0 runs PyTorch's math kernel");
+  TORCH_CHECK(dropout_p >= 0 && dropout_p < 1, "tpu's fused attention takes dropout_p in [0, 1), got ", dropout_p,
+              "; scaled_dot_product_attention runs PyTorch's math kernel for dropout_p = 1");
 }
 
 using FusedAttention = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, c10::SymInt, c10::SymInt,
@@ -110,8 +112,8 @@ using FusedAttention = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor
 
 // The sequence lengths it returns are the inputs' (known here, without
 // reading the device). The core computes the output, the log-sum-exp and
-// the random state of a dropout that never ran (zeros, which AOTAutograd
-// saves for the backward as tensors): torchtpu::attention.
+// the dropout's key (zeros without dropout; AOTAutograd saves both for the
+// backward as tensors): torchtpu::attention.
 FusedAttention fused_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                const std::optional<at::Tensor>& bias, double dropout_p, bool is_causal,
                                bool return_debug_mask, std::optional<double> scale) {
@@ -121,11 +123,12 @@ FusedAttention fused_attention(const at::Tensor& q, const at::Tensor& k, const a
                        .findSchemaOrThrow("torchtpu::attention", "")
                        .typed<std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>(
                            const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                           const std::optional<at::Tensor>&, bool, std::optional<double>, c10::IntArrayRef)>();
+                           const std::optional<at::Tensor>&, double, bool, std::optional<double>,
+                           c10::IntArrayRef)>();
   TORCH_CHECK(q.dim() == 4 && v.dim() == 4, "tpu's fused attention takes 4-d query, key and value");
   const int64_t sizes[4] = {q.size(0), q.size(1), q.size(2), v.size(3)};
   auto layout = Layout::matching(q, sizes);
-  auto [stored, lse, seed, offset] = op.call(q, k, v, bias, is_causal, scale, layout.order);
+  auto [stored, lse, seed, offset] = op.call(q, k, v, bias, dropout_p, is_causal, scale, layout.order);
   return {layout.view(stored, sizes), lse, at::Tensor(), at::Tensor(), q.sym_size(2), k.sym_size(2), seed, offset,
           at::Tensor()};
 }
@@ -138,19 +141,20 @@ Gradients fused_attention_backward(const at::Tensor& grad, const at::Tensor& q, 
                                    const at::Tensor& /*out*/, const at::Tensor& /*logsumexp*/,
                                    const at::Tensor& /*cum_seq_q*/, const at::Tensor& /*cum_seq_k*/,
                                    c10::SymInt /*max_q*/, c10::SymInt /*max_k*/, double dropout_p, bool is_causal,
-                                   const at::Tensor& /*philox_seed*/, const at::Tensor& /*philox_offset*/,
+                                   const at::Tensor& philox_seed, const at::Tensor& philox_offset,
                                    std::optional<double> scale) {
   check_fused(dropout_p);
   static auto op = c10::Dispatcher::singleton()
                        .findSchemaOrThrow("torchtpu::attention_backward", "")
                        .typed<Gradients(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                                        const std::optional<at::Tensor>&, c10::ArrayRef<bool>, bool,
-                                        std::optional<double>, c10::IntArrayRef, c10::IntArrayRef, c10::IntArrayRef,
-                                        c10::IntArrayRef)>();
+                                        const std::optional<at::Tensor>&, c10::ArrayRef<bool>, double, bool,
+                                        std::optional<double>, const at::Tensor&, const at::Tensor&,
+                                        c10::IntArrayRef, c10::IntArrayRef, c10::IntArrayRef, c10::IntArrayRef)>();
   std::optional<at::Tensor> b = bias.defined() ? std::optional<at::Tensor>(bias) : std::nullopt;
   auto lq = Layout::like(q), lk = Layout::like(k), lv = Layout::like(v);
   auto lb = bias.defined() ? Layout::like(bias) : Layout({});
-  auto [dq, dk, dv, db] = op.call(grad, q, k, v, b, wanted, is_causal, scale, lq.order, lk.order, lv.order, lb.order);
+  auto [dq, dk, dv, db] = op.call(grad, q, k, v, b, wanted, dropout_p, is_causal, scale, philox_seed, philox_offset,
+                                  lq.order, lk.order, lv.order, lb.order);
   return {lq.view(dq, q.sizes()), lk.view(dk, k.sizes()), lv.view(dv, v.sizes()),
           bias.defined() ? lb.view(db, bias.sizes()) : db};
 }
@@ -164,16 +168,17 @@ REGISTER_PRIVATEUSE1_DISPATCH(_fused_sdp_choice_stub, &torchtpu::choose_sdp)
 
 TORCH_LIBRARY_FRAGMENT(torchtpu, m) {
   // The fused attention's output [B, Hq, L, Ev] with its dimensions in
-  // `layout`'s order, log-sum-exp [B, Hq, L] (float32) and 0-d int64 zeros
-  // for the dropout state.
-  m.def("attention(Tensor query, Tensor key, Tensor value, Tensor? attn_bias, bool is_causal, float? scale, "
-        "int[] layout) -> (Tensor output, Tensor logsumexp, Tensor philox_seed, Tensor philox_offset)");
+  // `layout`'s order, log-sum-exp [B, Hq, L] (float32) and the dropout's
+  // key as two 0-d int64 tensors (zeros without dropout).
+  m.def("attention(Tensor query, Tensor key, Tensor value, Tensor? attn_bias, float dropout_p, bool is_causal, "
+        "float? scale, int[] layout) -> (Tensor output, Tensor logsumexp, Tensor philox_seed, "
+        "Tensor philox_offset)");
   // Its gradients (those grad_input_mask asks for, else undefined), each
   // with its dimensions in its layout's order.
   m.def("attention_backward(Tensor grad_out, Tensor query, Tensor key, Tensor value, Tensor? attn_bias, "
-        "bool[4] grad_input_mask, bool is_causal, float? scale, int[] query_layout, int[] key_layout, "
-        "int[] value_layout, int[] attn_bias_layout) -> (Tensor grad_query, Tensor grad_key, Tensor grad_value, "
-        "Tensor grad_attn_bias)");
+        "bool[4] grad_input_mask, float dropout_p, bool is_causal, float? scale, Tensor philox_seed, "
+        "Tensor philox_offset, int[] query_layout, int[] key_layout, int[] value_layout, int[] attn_bias_layout) "
+        "-> (Tensor grad_query, Tensor grad_key, Tensor grad_value, Tensor grad_attn_bias)");
 }
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {

@@ -6,19 +6,20 @@
 //! CPU's formulas in the opmath type.
 use super::elementwise::{finish, float_only};
 use super::nn::{add, div, exp_shifted, mul, reduce_back, sub};
-use super::{op, wrap_dim, Cx, Entry, UNDEFINED};
+use super::random::uniform01_of;
+use super::{op, op_consts, wrap_dim, Cx, Entry, UNDEFINED};
 use crate::ensure;
 use crate::error::Result;
 use crate::ir::dtype::{opmath, DType};
-use crate::ir::{ReduceKind, V};
+use crate::ir::{ReduceKind, Ty, V};
 use crate::lower::args::Tensor;
 
 pub static ENTRIES: &[Entry] = &[
     op("_native_multi_head_attention", multi_head_attention),
     op("_masked_softmax", masked_softmax),
     op("_masked_softmax_backward", masked_softmax_backward),
-    op("torchtpu::attention", fused_attention),
-    op("torchtpu::attention_backward", fused_attention_backward),
+    op_consts("torchtpu::attention", fused_attention, &["dropout_p"]),
+    op_consts("torchtpu::attention_backward", fused_attention_backward, &["dropout_p"]),
 ];
 
 /// `x` [.., k] times `w`ᵀ (w: [n, k]) plus `b` [n].
@@ -326,16 +327,49 @@ fn normalize(cx: &mut Cx, sm: &Softmax, value: V) -> V {
     zero_unless(cx, live, r)
 }
 
-/// `softmax(scores) · v` (its dimensions in `layout`'s order), the rows'
-/// log-sum-exp (-inf for a row left out), and zeros for the random state of
-/// a dropout that never ran.
+/// The dropout of the probabilities (`dropout_p` > 0): the positions kept,
+/// each with probability 1 - p as `native_dropout` keeps them, drawn from a
+/// u64[2] key, and the factor 1 / (1 - p) of those kept. The backward
+/// draws the same positions again from the key the forward returned.
+struct Dropout {
+    keep: V,
+    scale: V,
+}
+
+impl Dropout {
+    fn of(cx: &mut Cx, at: &Grouped, key: V) -> Result<Dropout> {
+        let p = cx.const_f64("dropout_p")?;
+        let shape = at.scores();
+        let u = uniform01_of(cx, key, &shape);
+        let keep_p = cx.g.full(1.0 - p, DType::F32, &shape);
+        let keep = cx.g.compare("LT", u, keep_p);
+        let scale = cx.g.full(1.0 / (1.0 - p), at.ct, &shape);
+        Ok(Dropout { keep, scale })
+    }
+
+    /// `x` [B, Hk, G·L, S] with the dropped positions 0, the rest scaled.
+    fn apply(&self, cx: &mut Cx, x: V) -> V {
+        let kept = zero_unless(cx, self.keep, x);
+        mul(cx, kept, self.scale)
+    }
+}
+
+/// `softmax(scores) · v` (its dimensions in `layout`'s order, the
+/// probabilities through the dropout if there is one), the rows' log-sum-exp
+/// (-inf for a row left out), and the dropout's key as two int64 scalars
+/// (PyTorch's philox seed and offset; zeros without dropout).
 fn fused_attention(cx: &mut Cx) -> Result<Vec<V>> {
     let at = Grouped::of(cx)?;
     let dtype = cx.meta("query")?.dtype;
     let (q, k, v) = (at.read(cx, "query")?, at.read(cx, "key")?, at.read(cx, "value")?);
     let (s, _) = scores(cx, &at, q, k)?;
     let sm = softmax_rows(cx, &at, s);
-    let ev = batched(cx, sm.e, v, 3, 2);
+    let key = if cx.const_f64("dropout_p")? > 0.0 { Some(cx.seed(None)?) } else { None };
+    let e = match key {
+        Some(key) => Dropout::of(cx, &at, key)?.apply(cx, sm.e),
+        None => sm.e,
+    };
+    let ev = batched(cx, e, v, 3, 2);
     let out = normalize(cx, &sm, ev);
     let out = cx.g.reshape(out, &at.by_query_head(at.ev));
     let out = laid_out(cx, out, "layout")?;
@@ -343,8 +377,29 @@ fn fused_attention(cx: &mut Cx) -> Result<Vec<V>> {
     let log_sum = cx.g.unary("stablehlo.log", sm.sum);
     let lse = add(cx, sm.max, log_sum);
     let lse = cx.g.reshape(lse, &at.by_query_head(1)[..3]);
-    let state = cx.g.full(0.0, DType::I64, &[]);
-    Ok(vec![cx.g.convert(out, dtype), cx.g.convert(lse, DType::F32), state, state])
+    let (seed, offset) = match key {
+        Some(key) => (key_half(cx, key, 0), key_half(cx, key, 1)),
+        None => (cx.g.full(0.0, DType::I64, &[]), cx.g.full(0.0, DType::I64, &[])),
+    };
+    Ok(vec![cx.g.convert(out, dtype), cx.g.convert(lse, DType::F32), seed, offset])
+}
+
+/// Word `i` of a u64[2] key as an int64 scalar.
+fn key_half(cx: &mut Cx, key: V, i: i64) -> V {
+    let word = cx.g.slice(key, &[i], &[i + 1], &[1]);
+    let word = cx.g.reshape(word, &[]);
+    cx.g.bitcast(word, Ty::new(DType::I64, &[]))
+}
+
+/// The u64[2] key the forward returned as `philox_seed` and `philox_offset`.
+fn key_of(cx: &mut Cx) -> Result<V> {
+    let mut words = Vec::with_capacity(2);
+    for name in ["philox_seed", "philox_offset"] {
+        let word = cx.tensor(name)?;
+        let word = cx.g.bitcast(word, Ty::new(DType::U64, &[]));
+        words.push(cx.g.reshape(word, &[1]));
+    }
+    Ok(cx.g.concatenate(&words, 0))
 }
 
 /// `x` [B, Hq, L, S] summed over the dimensions `attn_bias` broadcast
@@ -359,8 +414,10 @@ fn sum_to_bias(cx: &mut Cx, x: V, bias: &[i64]) -> V {
 
 /// The gradients of query, key, value and attn_bias (those
 /// `grad_input_mask` asks for), from the probabilities P recomputed:
-/// dV = Pᵀ dO, dS = P ∘ (dO Vᵀ - rowsum(P ∘ dO Vᵀ)), dQ = scale · dS K,
-/// dK = scale · dSᵀ Q, d(attn_bias) = dS. P is normalized by its own row
+/// dV = Pᵀ dO, dS = P ∘ (dP - rowsum(P ∘ dP)) with dP = dO Vᵀ,
+/// dQ = scale · dS K, dK = scale · dSᵀ Q, d(attn_bias) = dS; with dropout,
+/// dV takes the dropped P and dP goes through the same dropout (the
+/// forward's key draws the same positions). P is normalized by its own row
 /// sums rather than through the forward's log-sum-exp: XLA may round the
 /// recomputed scores differently from the forward's, and a saturated row
 /// (P = 1 at one position) would then give dS = -ε dP instead of 0.
@@ -374,6 +431,13 @@ fn fused_attention_backward(cx: &mut Cx) -> Result<Vec<V>> {
     let sm = softmax_rows(cx, &at, s);
     let p = normalize(cx, &sm, sm.e);
     let dp = batched(cx, grad, v, 3, 3);
+    let (p_out, dp) = if cx.const_f64("dropout_p")? > 0.0 {
+        let key = key_of(cx)?;
+        let dropout = Dropout::of(cx, &at, key)?;
+        (dropout.apply(cx, p), dropout.apply(cx, dp))
+    } else {
+        (p, dp)
+    };
     let pdp = mul(cx, p, dp);
     let rowsum = reduce_back(cx, ReduceKind::Sum, pdp, &[3]);
     let centered = sub(cx, dp, rowsum);
@@ -393,7 +457,7 @@ fn fused_attention_backward(cx: &mut Cx) -> Result<Vec<V>> {
         grads[1] = laid_out(cx, dk, "key_layout")?;
     }
     if want(2) {
-        let dv = batched(cx, p, grad, 2, 2);
+        let dv = batched(cx, p_out, grad, 2, 2);
         let dv = cx.g.convert(dv, vm.dtype);
         grads[2] = laid_out(cx, dv, "value_layout")?;
     }

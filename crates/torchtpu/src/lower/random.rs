@@ -19,6 +19,11 @@ pub static ENTRIES: &[Entry] = &[
 /// Uniform floats in [0, 1) of `shape`, from the call's generator.
 pub fn uniform01(cx: &mut Cx, shape: &[i64], generator: Option<&str>) -> Result<V> {
     let key = cx.seed(generator)?;
+    Ok(uniform01_of(cx, key, shape))
+}
+
+/// The same from the u64[2] `key`: one key always gives the same numbers.
+pub fn uniform01_of(cx: &mut Cx, key: V, shape: &[i64]) -> V {
     let bits = cx.g.rng_bits(key, Ty::new(DType::U32, shape));
     // 23 random mantissa bits under exponent 0: a float in [1, 2).
     let nine = cx.g.full(9.0, DType::U32, shape);
@@ -27,7 +32,7 @@ pub fn uniform01(cx: &mut Cx, shape: &[i64], generator: Option<&str>) -> Result<
     let or = cx.g.binary("stablehlo.or", mant, one_bits);
     let f = cx.g.bitcast(or, Ty::new(DType::F32, shape));
     let one = cx.g.full(1.0, DType::F32, shape);
-    Ok(cx.g.binary("stablehlo.subtract", f, one))
+    cx.g.binary("stablehlo.subtract", f, one)
 }
 
 fn uniform(cx: &mut Cx) -> Result<Vec<V>> {
