@@ -704,15 +704,15 @@ mod tests {
         // A 3x3 convolution of 2 input features into 5, over a 6x6 output map.
         let mut g = Graph::default();
         let (x, k) = (g.param(Ty::new(DType::F32, &[1, 2, 8, 8])), g.param(Ty::new(DType::F32, &[5, 2, 3, 3])));
-        let two = vec![1; 2];
+        let ones = vec![1; 2];
         let c = Conv {
             lhs: vec![0, 1, 2, 3],
             rhs: vec![0, 1, 2, 3],
             out: vec![0, 1, 2, 3],
-            strides: two.clone(),
+            strides: ones.clone(),
             padding: vec![(0, 0); 2],
-            lhs_dilation: two.clone(),
-            rhs_dilation: two,
+            lhs_dilation: ones.clone(),
+            rhs_dilation: ones,
             feature_groups: 1,
             batch_groups: 1,
         };

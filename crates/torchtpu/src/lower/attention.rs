@@ -431,7 +431,7 @@ fn fused_attention_backward(cx: &mut Cx) -> Result<Vec<V>> {
     let sm = softmax_rows(cx, &at, s);
     let p = normalize(cx, &sm, sm.e);
     let dp = batched(cx, grad, v, 3, 3);
-    let (p_out, dp) = if cx.const_f64("dropout_p")? > 0.0 {
+    let (dropped, dp) = if cx.const_f64("dropout_p")? > 0.0 {
         let key = key_of(cx)?;
         let dropout = Dropout::of(cx, &at, key)?;
         (dropout.apply(cx, p), dropout.apply(cx, dp))
@@ -457,7 +457,7 @@ fn fused_attention_backward(cx: &mut Cx) -> Result<Vec<V>> {
         grads[1] = laid_out(cx, dk, "key_layout")?;
     }
     if want(2) {
-        let dv = batched(cx, p_out, grad, 2, 2);
+        let dv = batched(cx, dropped, grad, 2, 2);
         let dv = cx.g.convert(dv, vm.dtype);
         grads[2] = laid_out(cx, dv, "value_layout")?;
     }
