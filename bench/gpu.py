@@ -3,6 +3,7 @@ checks a GPU user relies on, and step times side by side (tpu fused, strict
 and compiled vs CUDA eager and Inductor), written to one report.
 
     python bench/gpu.py [--out gpu-report.md] [--workers 8] [--no-suite] [--quick]
+                        [--pairs gpt:tpu-fused,op:jax-jit,...] [--math-attention]
 
 Every measurement and check runs in a process of its own: PyTorch holds one
 accelerator per process, so a CUDA process never imports torchtpu (with
