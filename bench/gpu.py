@@ -15,6 +15,7 @@ eager, the plugin is whatever torchtpu finds (the CPU plugin) and the CUDA-only
 checks say they were skipped: the command runs as far as the machine goes.
 """
 import argparse
+import contextlib
 import gc
 import json
 import operator
@@ -351,12 +352,9 @@ def main():
     parser.add_argument("--child", nargs=2, metavar=("WORKLOAD", "BACKEND"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        if args.math_attention:
-            from torch.nn.attention import SDPBackend, sdpa_kernel
+        from torch.nn.attention import SDPBackend, sdpa_kernel
 
-            with sdpa_kernel(SDPBackend.MATH):
-                print(json.dumps(child(*args.child, args.quick, args.precision, args.steps)))
-        else:
+        with sdpa_kernel(SDPBackend.MATH) if args.math_attention else contextlib.nullcontext():
             print(json.dumps(child(*args.child, args.quick, args.precision, args.steps)))
         return
 
@@ -385,7 +383,7 @@ def main():
         print(lines[-1], flush=True)
     lines.append("")
 
-    backends = BACKENDS if cuda else ["cpu-eager", "tpu-fused", "tpu-strict", "tpu-compiled", "jax-jit"]
+    backends = BACKENDS if cuda else ["cpu-eager"] + [b for b in BACKENDS if not b.startswith("cuda")]
     pairs = ([tuple(p.split(":")) for p in args.pairs.split(",")] if args.pairs
              else [(w, b) for w in WORKLOADS for b in backends])
     backends = [b for b in backends if any(b == pb for _, pb in pairs)]
