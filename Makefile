@@ -62,6 +62,7 @@ bench: build $(VENV)/.models-installed $(VENV)/.kernels-installed
 	$(PY) bench/warm_cache.py
 	$(PY) bench/dynamic.py
 	$(PY) bench/overlap.py
+	$(PY) bench/program.py
 
 # A wheel for a machine that has its own torch and no network (a GPU image):
 # WHEEL_PYTHON is a Python with that machine's CPython and torch, plus maturin

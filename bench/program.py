@@ -8,12 +8,15 @@ process runs it on tpu (fused) and times, per step, recording it and
 the program), and the launch alone (`execute_ns`); it dumps the step's
 StableHLO (`TORCHTPU_DUMP_DIR`). A second process loads the same plugin
 into JAX (`register_plugin`), compiles the largest dumped program, and times
-its execute call and its execute-and-wait on inputs of the same types.
+its execute call and its execute-and-wait on inputs of the same types; the
+`pjrt` crate's example `execute` does the same through torchtpu's own PJRT
+wrapper alone.
 
     python bench/program.py
 
-Where torchtpu's flush takes longer than JAX's execute-and-wait, the time goes
-around the program (launch, inputs, waiting), not in XLA's code for it.
+Where torchtpu's flush takes longer than both, the time goes in how the core
+drives the program (its inputs, launch or wait), not in XLA's code for it
+nor in the wrapper.
 """
 import json
 import os
@@ -110,6 +113,16 @@ def _jax(program, plugin, rounds=5, calls=200):
     return best
 
 
+def _pjrt_alone(program, plugin, xla_flags):
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    done = subprocess.run(["cargo", "run", "--release", "-q", "-p", "pjrt", "--example", "execute", "--", plugin,
+                           program], cwd=root, env=dict(os.environ, XLA_FLAGS=xla_flags), capture_output=True,
+                          text=True)
+    if done.returncode:
+        sys.exit(done.stderr)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
 def _child(what, *args, env=None):
     code = f"import sys, json; sys.path.insert(0, {os.path.dirname(__file__)!r}); import program; " \
            f"print(json.dumps(program.{what}(*{list(args)!r})))"
@@ -123,12 +136,16 @@ def main():
     with tempfile.TemporaryDirectory() as dump:
         tpu = _child("_tpu", dump, env=dict(os.environ, TORCHTPU_DUMP_DIR=dump, TORCHTPU_CACHE_DIR=""))
         jax = _child("_jax", tpu["program"], tpu["plugin"], env=dict(os.environ, XLA_FLAGS=tpu["xla_flags"]))
+        alone = _pjrt_alone(tpu["program"], tpu["plugin"], tpu["xla_flags"])
     print("tiny Llama forward, 12 tokens (best round of 200 steps), us per step:")
     print(f"  torchtpu: recording {tpu['record']:.0f}; flush {tpu['flush']:.0f} "
           f"(of which the execute call {tpu['launch']:.0f}, after it {tpu['flush'] - tpu['launch']:.0f})")
     print(f"  JAX, the same program on the same plugin: execute and wait {jax['total']:.0f} "
           f"(the execute call {jax['launch']:.0f}, after it {jax['total'] - jax['launch']:.0f})")
-    print(f"  torchtpu's flush / JAX's execute and wait: {tpu['flush'] / jax['total']:.2f}x")
+    print(f"  the pjrt crate alone, the same program: execute and wait {alone['total']:.0f} "
+          f"(the execute call {alone['launch']:.0f}, after it {alone['total'] - alone['launch']:.0f})")
+    print(f"  torchtpu's flush / JAX's execute and wait: {tpu['flush'] / jax['total']:.2f}x; "
+          f"/ the pjrt crate's: {tpu['flush'] / alone['total']:.2f}x")
 
 
 if __name__ == "__main__":
