@@ -39,6 +39,8 @@ def _tpu(dump, rounds=5, steps=200):
     mask = torch.ones(1, 12, dtype=torch.long, device="tpu")
     best = None
     with torch.no_grad():
+        # transformers reads whether the mask is all ones early in the
+        # forward (one small program); the rest is the program timed here.
         def step():
             return model(input_ids=ids, attention_mask=mask, use_cache=False).logits.argmax()
 
