@@ -3,16 +3,23 @@
 //! plugin, floats of any value run as fast). `bench/program.py` sets it beside
 //! torchtpu's flush of the same program and JAX's execution of it.
 //!
-//!     cargo run --release -p pjrt --example execute -- PLUGIN PROGRAM.mlir
+//!     cargo run --release -p pjrt --example execute -- PLUGIN PROGRAM.mlir [GAP_US]
+//!
+//! With `GAP_US`, the thread stays busy that long before each call, as a host
+//! recording the next step would: on XLA:CPU a program met again after such
+//! a gap runs slower than one launched back to back (bench/RESULTS.md).
 use std::time::Instant;
 
 use pjrt::{Buffer, ElementType, NamedValue};
 
 fn main() -> pjrt::Result<()> {
     let args: Vec<String> = std::env::args().collect();
-    let [_, plugin, program] = &args[..] else {
-        panic!("usage: execute PLUGIN PROGRAM.mlir");
+    let (plugin, program, gap) = match &args[..] {
+        [_, plugin, program] => (plugin, program, 0),
+        [_, plugin, program, gap] => (plugin, program, gap.parse::<u64>().expect("GAP_US: microseconds")),
+        _ => panic!("usage: execute PLUGIN PROGRAM.mlir [GAP_US]"),
     };
+    let gap = std::time::Duration::from_micros(gap);
     let text = std::fs::read_to_string(program).expect("reading the program");
     let api = pjrt::load_plugin(plugin.as_ref())?;
     let client = pjrt::Client::new(api, &[("cpu_device_count", NamedValue::Int64(1))])?;
@@ -36,6 +43,10 @@ fn main() -> pjrt::Result<()> {
     for _ in 0..5 {
         let (mut launch, mut total) = (0.0, 0.0);
         for _ in 0..calls {
+            let busy = Instant::now();
+            while busy.elapsed() < gap {
+                std::hint::spin_loop();
+            }
             let start = Instant::now();
             let outputs = exe.execute(&refs, device, &kept)?;
             launch += start.elapsed().as_secs_f64();
