@@ -67,6 +67,8 @@ thread_local! {
     /// tt_op_run's list of decoded arguments, kept (empty) between calls so
     /// that an op allocates none.
     static ARGS: Cell<Vec<Arg<'static>>> = const { Cell::new(Vec::new()) };
+    /// tt_op_run's list of result storages, kept (empty) as `ARGS`.
+    static STORAGES: Cell<Vec<Option<Arc<Storage>>>> = const { Cell::new(Vec::new()) };
 }
 
 /// `list` emptied, for the next call's arguments.
@@ -200,15 +202,23 @@ pub unsafe extern "C" fn tt_op_run(
         for a in std::slice::from_raw_parts(args, nargs.max(0) as usize) {
             decoded.push(args::decode(a)?);
         }
-        let run = exec::run_op(def, &decoded);
+        let mut storages = STORAGES.take();
+        let run = exec::run_op(def, &decoded, &mut storages);
         ARGS.set(recycle(decoded));
-        let (plan, storages) = run?;
+        let plan = match run {
+            Ok(plan) => plan,
+            Err(e) => {
+                storages.clear();
+                STORAGES.set(storages);
+                return Err(e);
+            }
+        };
         RESULTS.with(|r| {
             let (out, shapes) = &mut *r.borrow_mut();
             out.clear();
             shapes.clear();
             let mut tys = plan.outputs.iter();
-            for result in storages {
+            for result in storages.drain(..) {
                 let Some(s) = result else {
                     out.push(TtResult {
                         storage: std::ptr::null_mut(),
@@ -242,6 +252,7 @@ pub unsafe extern "C" fn tt_op_run(
             *results = out.as_ptr();
             *nresults = out.len() as i64;
         });
+        STORAGES.set(storages);
         Ok(())
     })
 }

@@ -99,7 +99,8 @@ pub fn call(id: u64, args: &[Arg]) -> Result<Option<(Vec<Arc<Storage>>, Arc<Grap
     };
     let device = exec::device_of(&gp.plan.name, args)?;
     bump(&METRICS.graph_calls);
-    let values = exec::apply(&gp.plan, &gp.plan.name, args, device)?;
+    let mut values = Vec::with_capacity(gp.plan.outputs.len());
+    exec::apply(&gp.plan, &gp.plan.name, args, device, &mut values)?;
     for &(arg, out) in &gp.writes {
         let storage = exec::storage_of(&exec::tensor_at(args, arg, 0)?).expect("a written argument is on the device");
         storage.set(values[out].clone());

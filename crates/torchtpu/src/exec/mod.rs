@@ -722,19 +722,33 @@ pub fn device_of(what: &str, args: &[Arg]) -> Result<usize> {
 }
 
 /// Runs a plan (or, in fused mode or while a graph is captured, records
-/// it); returns the results' values.
-pub fn apply(plan: &Arc<Plan>, what: &str, args: &[Arg], device: usize) -> Result<Vec<Value>> {
+/// it); the results' values go to `out`.
+pub fn apply(plan: &Arc<Plan>, what: &str, args: &[Arg], device: usize, out: &mut Vec<Value>) -> Result<()> {
     bump(&METRICS.ops);
     if mode() == Mode::Fused || trace::capturing() {
-        return trace::record(plan, args, device);
+        return trace::record(plan, args, device, out);
     }
-    Ok(execute(plan, what, args, device)?.into_iter().map(Value::Ready).collect())
+    out.extend(execute(plan, what, args, device)?.into_iter().map(Value::Ready));
+    Ok(())
+}
+
+/// [`apply`] for a plan of one result.
+fn apply_one(plan: &Arc<Plan>, what: &str, args: &[Arg], device: usize) -> Result<Value> {
+    let mut out = Vec::with_capacity(1);
+    apply(plan, what, args, device, &mut out)?;
+    Ok(out.remove(0))
+}
+
+thread_local! {
+    /// `run_op`'s values, kept (empty) between calls so that an op
+    /// allocates no list.
+    static VALUES: std::cell::Cell<Vec<Value>> = const { std::cell::Cell::new(Vec::new()) };
 }
 
 /// Runs a functional operator: its plan, and its results as fresh storages
-/// (None for undefined ones; the defined ones have the plan's `outputs`
-/// types, in order).
-pub fn run_op(op: &OpDef, args: &[Arg]) -> Result<(Arc<Plan>, Vec<Option<Arc<Storage>>>)> {
+/// in `results` (None for undefined ones; the defined ones have the plan's
+/// `outputs` types, in order).
+pub fn run_op(op: &OpDef, args: &[Arg], results: &mut Vec<Option<Arc<Storage>>>) -> Result<Arc<Plan>> {
     let device = device_of(&op.name, args)?;
     let plan = match op.entry.measure {
         None => plan(op, args, device)?,
@@ -743,16 +757,20 @@ pub fn run_op(op: &OpDef, args: &[Arg]) -> Result<(Arc<Plan>, Vec<Option<Arc<Sto
             cached(op, op.entry.lower, args, device, sizes, &[])?
         }
     };
-    let outs = apply(&plan, &op.name, args, device)?;
-    let mut results: Vec<_> = outs
-        .into_iter()
-        .zip(&plan.outputs)
-        .map(|(v, ty)| Some(Storage::new(device, ty.numel() * ty.dtype.size() as i64, Some(v))))
-        .collect();
-    for &i in &plan.undefined {
-        results.insert(i, None);
+    let mut values = VALUES.take();
+    let applied = apply(&plan, &op.name, args, device, &mut values);
+    let start = results.len();
+    if applied.is_ok() {
+        let storage = |(v, ty): (Value, &Ty)| Some(Storage::new(device, ty.numel() * ty.dtype.size() as i64, Some(v)));
+        results.extend(values.drain(..).zip(&plan.outputs).map(storage));
     }
-    Ok((plan, results))
+    values.clear();
+    VALUES.set(values);
+    applied?;
+    for &i in &plan.undefined {
+        results.insert(start + i, None);
+    }
+    Ok(plan)
 }
 
 // ------------------------------------------------------------------ copies
@@ -775,7 +793,7 @@ pub fn contiguous(t: &Tensor, device: usize, exact: bool) -> Result<Arc<DeviceBu
         _ => {
             let args = [Arg::Tensor(*t), Arg::None];
             let plan = plan(&CONTIGUOUS, &args, device)?;
-            resolve(&apply(&plan, "copy", &args, device)?.remove(0), Reason::HostRead)?
+            resolve(&apply_one(&plan, "copy", &args, device)?, Reason::HostRead)?
         }
     };
     trace::verify_checks()?;
@@ -834,7 +852,7 @@ fn copy_device(src: &Tensor, dst: &Tensor, device: usize) -> Result<()> {
     }
     let args = [Arg::Tensor(*src), Arg::Tensor(*dst)];
     let plan = plan(&COPY, &args, device)?;
-    let out = apply(&plan, "copy_", &args, device)?.remove(0);
+    let out = apply_one(&plan, "copy_", &args, device)?;
     storage.set(out);
     Ok(())
 }

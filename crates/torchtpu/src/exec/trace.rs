@@ -167,8 +167,12 @@ pub struct Trace {
     pub params: Vec<Param>,
     records: Vec<Record>,
     operands: Vec<Operand>,
-    /// The results, pending, in order (`Operand::Result` indexes them).
-    pending: Vec<Weak<Pending>>,
+    /// The results, pending, in order (`Operand::Result` indexes them). The
+    /// trace holds them: a result nobody else holds at the flush is not
+    /// computed, and its allocation serves a later result (`spare`), so that
+    /// a step recorded again allocates no pending values.
+    pending: Vec<Arc<Pending>>,
+    spare: Vec<Arc<Pending>>,
     /// Nodes the recorded plans hold, for the size bound.
     nodes: usize,
     /// The recorded plans' product FLOPs, for parts.
@@ -291,6 +295,7 @@ impl Trace {
             records: Vec::with_capacity(t.records.len()),
             operands: Vec::with_capacity(t.operands.len()),
             pending: Vec::with_capacity(t.pending.len()),
+            spare: std::mem::take(&mut t.spare),
             since: t.since,
             first: t.first,
             steps: std::mem::take(&mut t.steps),
@@ -481,8 +486,8 @@ impl Trace {
     }
 }
 
-/// Records `plan` applied to `args`; returns its results, pending.
-pub fn record(plan: &Arc<Plan>, args: &[Arg], device: usize) -> Result<Vec<Value>> {
+/// Records `plan` applied to `args`; its results, pending, go to `out`.
+pub fn record(plan: &Arc<Plan>, args: &[Arg], device: usize, out: &mut Vec<Value>) -> Result<()> {
     // Before locking: this takes the GIL, which an op's caller may hold.
     let source = if logging() { source_line() } else { None };
     let mut guard = if capturing() { CAPTURE.lock().unwrap() } else { TRACE.lock().unwrap() };
@@ -506,19 +511,19 @@ pub fn record(plan: &Arc<Plan>, args: &[Arg], device: usize) -> Result<Vec<Value
         t.first = Arc::as_ptr(plan) as usize;
     }
     t.since += 1;
-    let results = plan
-        .stored
-        .iter()
-        .map(|ty| {
-            let p = Pending::new(t.epoch, Operand::Result(t.pending.len()).word(), ty.clone());
-            t.pending.push(Arc::downgrade(&p));
-            Value::Pending(p)
-        })
-        .collect();
+    for ty in plan.stored.iter() {
+        let node = Operand::Result(t.pending.len()).word();
+        let p = match t.spare.pop() {
+            Some(spare) => Pending::reuse(spare, t.epoch, node, ty.clone()),
+            None => Pending::new(t.epoch, node, ty.clone()),
+        };
+        t.pending.push(p.clone());
+        out.push(Value::Pending(p));
+    }
     if t.nodes > size_limit() && !t.capture {
         flush_locked(&mut guard, Reason::Size)?;
     }
-    Ok(results)
+    Ok(())
 }
 
 /// Runs everything recorded so far (without waiting for it; at a step's
@@ -557,11 +562,17 @@ fn flush_locked(slot: &mut Option<Trace>, reason: Reason) -> Result<()> {
         return Ok(());
     }
     let next = Trace::after(t);
-    let trace = std::mem::replace(t, next);
+    let mut trace = std::mem::replace(t, next);
     *METRICS.flushes.lock().unwrap().entry(reason.name()).or_insert(0) += 1;
-    let live: Vec<Arc<Pending>> = trace.pending.iter().filter_map(Weak::upgrade).collect();
-    for p in &live {
-        p.flushed.store(true, Ordering::Release);
+    let recorded = trace.pending.len();
+    let mut live: Vec<Arc<Pending>> = Vec::with_capacity(recorded);
+    for mut p in std::mem::take(&mut trace.pending) {
+        if Arc::get_mut(&mut p).is_none() {
+            p.flushed.store(true, Ordering::Release);
+            live.push(p);
+        } else if t.spare.len() < recorded {
+            t.spare.push(p);
+        }
     }
     let flushed = Flushed(live);
     if !overlapped {

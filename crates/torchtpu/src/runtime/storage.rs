@@ -5,6 +5,7 @@
 //! has recorded but not yet run, or nothing yet; writing a storage replaces its
 //! value. Addresses handed to PyTorch are unique, never dereferenced, and the
 //! ranges of live storages never overlap.
+use std::cell::RefCell;
 use std::mem::ManuallyDrop;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
@@ -157,14 +158,21 @@ pub enum Replaced {
 
 impl Pending {
     pub fn new(epoch: u64, node: V, ty: Arc<Ty>) -> Arc<Pending> {
-        Arc::new(Pending {
-            epoch,
-            node,
-            ty,
-            result: OnceLock::new(),
-            flushed: AtomicBool::new(false),
-            replaces: OnceLock::new(),
-        })
+        Arc::new(Pending::fresh(epoch, node, ty))
+    }
+
+    /// `spare` (a value nobody holds any more) as a new pending value, in
+    /// place of an allocation.
+    pub fn reuse(mut spare: Arc<Pending>, epoch: u64, node: V, ty: Arc<Ty>) -> Arc<Pending> {
+        match Arc::get_mut(&mut spare) {
+            Some(p) => *p = Pending::fresh(epoch, node, ty),
+            None => return Pending::new(epoch, node, ty),
+        }
+        spare
+    }
+
+    fn fresh(epoch: u64, node: V, ty: Arc<Ty>) -> Pending {
+        Pending { epoch, node, ty, result: OnceLock::new(), flushed: AtomicBool::new(false), replaces: OnceLock::new() }
     }
 
     /// The computed buffer: None if its trace was not flushed yet; waits for
@@ -216,12 +224,38 @@ pub struct Storage {
     value: Mutex<Option<Value>>,
 }
 
+/// Storages released on a thread, kept for the next ones it makes, so that
+/// a step recorded again allocates none. Counted as freed while kept.
+struct Spares(Vec<Arc<Storage>>);
+
+const SPARES: usize = 256;
+
+impl Drop for Spares {
+    fn drop(&mut self) {
+        // Their drops below count them freed a second time.
+        LIVE_STORAGES.fetch_add(self.0.len() as i64, Ordering::Relaxed);
+    }
+}
+
+thread_local! {
+    static SPARE: RefCell<Spares> = const { RefCell::new(Spares(Vec::new())) };
+}
+
 impl Storage {
     pub fn new(device: usize, nbytes: i64, value: Option<Value>) -> Arc<Storage> {
         LIVE_STORAGES.fetch_add(1, Ordering::Relaxed);
         let span = (nbytes.max(1) as u64).div_ceil(64) * 64;
         let addr = NEXT_ADDR.fetch_add(span, Ordering::Relaxed);
-        Arc::new(Storage { device, nbytes, addr, value: Mutex::new(value) })
+        let spare = SPARE.try_with(|s| s.borrow_mut().0.pop()).ok().flatten();
+        match spare {
+            Some(mut s) => {
+                let storage = Arc::get_mut(&mut s).expect("a spare storage is unshared");
+                (storage.device, storage.nbytes, storage.addr) = (device, nbytes, addr);
+                *storage.value.get_mut().unwrap_or_else(|e| e.into_inner()) = value;
+                s
+            }
+            None => Arc::new(Storage { device, nbytes, addr, value: Mutex::new(value) }),
+        }
     }
 
     pub fn value(&self) -> Option<Value> {
@@ -284,7 +318,18 @@ impl Storage {
     /// # Safety
     /// `h` comes from `into_handle`; it is released once.
     pub unsafe fn release(h: *const std::ffi::c_void) {
-        drop(Arc::from_raw(h as *const Storage));
+        let mut s = Arc::from_raw(h as *const Storage);
+        // Held elsewhere too: only this reference goes.
+        let Some(storage) = Arc::get_mut(&mut s) else { return };
+        // Its value goes now, as it would with the storage.
+        *storage.value.get_mut().unwrap_or_else(|e| e.into_inner()) = None;
+        let _ = SPARE.try_with(move |spare| {
+            let spare = &mut spare.borrow_mut().0;
+            if spare.len() < SPARES {
+                LIVE_STORAGES.fetch_sub(1, Ordering::Relaxed);
+                spare.push(s);
+            }
+        });
     }
 }
 
