@@ -205,14 +205,7 @@ pub unsafe extern "C" fn tt_op_run(
         let mut storages = STORAGES.take();
         let run = exec::run_op(def, &decoded, &mut storages);
         ARGS.set(recycle(decoded));
-        let plan = match run {
-            Ok(plan) => plan,
-            Err(e) => {
-                storages.clear();
-                STORAGES.set(storages);
-                return Err(e);
-            }
-        };
+        let plan = run?; // run_op adds no storage when it fails
         RESULTS.with(|r| {
             let (out, shapes) = &mut *r.borrow_mut();
             out.clear();

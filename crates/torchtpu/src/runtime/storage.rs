@@ -164,10 +164,7 @@ impl Pending {
     /// `spare` (a value nobody holds any more) as a new pending value, in
     /// place of an allocation.
     pub fn reuse(mut spare: Arc<Pending>, epoch: u64, node: V, ty: Arc<Ty>) -> Arc<Pending> {
-        match Arc::get_mut(&mut spare) {
-            Some(p) => *p = Pending::fresh(epoch, node, ty),
-            None => return Pending::new(epoch, node, ty),
-        }
+        *Arc::get_mut(&mut spare).expect("a spare pending value is unshared") = Pending::fresh(epoch, node, ty);
         spare
     }
 
