@@ -142,15 +142,18 @@ def samples(name, dtype, mode, requires_grad=False):
     mode, so fused and strict split the samples (alternate ones of a seeded
     shuffle): together they run each sample once, at half the compilations.
     Gradients are fused mode's (strict mode compiles each backward op on its
-    own, ~4x the time per sample): fused runs both halves, strict one sample.
+    own, ~4x the time per sample): fused runs its count, strict the next one.
     Debug mode runs DEBUG_SAMPLES of strict's (it shares strict's compiled
     programs); the entries slow to compile run SLOW_SAMPLES. `make
     conformance` runs every sample in every mode."""
     found = compare.samples(name, dtype, None, requires_grad)
     random.Random(f"{name}.{dtype}").shuffle(found)
-    count = DEBUG_SAMPLES if mode == "debug" else SLOW_SAMPLES if name in SLOW_TO_COMPILE else MODE_SAMPLES
+    fused = SLOW_SAMPLES if name in SLOW_TO_COMPILE else MODE_SAMPLES
+    count = DEBUG_SAMPLES if mode == "debug" else fused
     if requires_grad:
-        return found[:2 * count] if mode == "fused" else found[:DEBUG_SAMPLES]
+        if mode == "fused":
+            return found[:fused]
+        return found[fused:fused + DEBUG_SAMPLES] or found[:DEBUG_SAMPLES]
     if len(found) > 1:
         found = found[0::2] if mode == "fused" else found[1::2]
     return found[:count]

@@ -30,6 +30,24 @@ DTYPES = [torch.float32, torch.bfloat16, torch.int64, torch.bool]
 # find None every time.
 common_utils.extract_test_fn = opinfo_core.extract_test_fn = lambda: None
 
+
+def _seed_cpu(seed=None):
+    """`set_rng_seed`, which the sample iterator calls before each sample,
+    for the generators samples are built with. torch.manual_seed also seeds
+    CUDA, XPU and MTIA, and each of those not initialised queues the call
+    with a formatted stack trace: ~5 ms a sample under pytest, over half of
+    building the samples, and a queue that never drains."""
+    seed = common_utils.SEED if seed is None else seed
+    torch.default_generator.manual_seed(seed)
+    random.seed(seed)
+    if common_utils.TEST_NUMPY:
+        import numpy
+
+        numpy.random.seed(seed)
+
+
+common_utils.set_rng_seed = _seed_cpu
+
 BY_NAME = {op.name + (f".{op.variant_test_name}" if op.variant_test_name else ""): op for op in op_db}
 
 

@@ -19,6 +19,7 @@ import sys
 import tempfile
 import time
 import traceback
+import zlib
 
 MODES = ["fused", "strict", "debug"]
 TESTS_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -67,13 +68,17 @@ def dtype_name(dtype):
     return str(dtype).removeprefix("torch.")
 
 
-def run_entry(name, limit, modes, dtypes, emit):
+def run_entry(name, limit, modes, dtypes, split, emit):
+    """Every sample of `name` (at most `limit`) in each mode and dtype; with
+    `split`, each dtype in one of the modes, taken in turn from a place
+    seeded by the name, so that an entry of several dtypes meets each mode."""
     import torch
     import torchtpu
     from conformance.compare import DTYPES, describe, opinfo, samples
 
     op = opinfo(name)
-    for dtype in [d for d in DTYPES if d in op.supported_dtypes("cpu") and dtype_name(d) in dtypes]:
+    first = zlib.crc32(name.encode())
+    for i, dtype in enumerate([d for d in DTYPES if d in op.supported_dtypes("cpu") and dtype_name(d) in dtypes]):
         grad = op.supports_autograd and dtype in op.supported_backward_dtypes("cpu")
         key = dict(entry=name, dtype=dtype_name(dtype))
         emit(start=dict(key, mode=None, sample="generating samples"))
@@ -83,7 +88,7 @@ def run_entry(name, limit, modes, dtypes, emit):
             found, message = [], f"sample_inputs raised {type(e).__name__}: {e}"
         else:
             message = "no samples"
-        for mode in modes:
+        for mode in [modes[(first + i) % len(modes)]] if split else modes:
             unit = dict(key, mode=mode)
             if not found:
                 emit(sample=dict(unit, status="no_samples", message=message, fallbacks=[]))
@@ -104,7 +109,7 @@ def run_entry(name, limit, modes, dtypes, emit):
                     emit(sample=dict(result, fallbacks=sorted(torchtpu.metrics()["fallbacks"])))
 
 
-def worker(limit, modes, dtypes):
+def worker(limit, modes, dtypes, split):
     """Runs the entries named on stdin; reports on the original stdout, one
     JSON object a line (stray prints go to stderr)."""
     report = os.fdopen(os.dup(1), "w", buffering=1)
@@ -116,7 +121,7 @@ def worker(limit, modes, dtypes):
     for line in sys.stdin:
         name = line.strip()
         try:
-            run_entry(name, limit, modes, dtypes, emit)
+            run_entry(name, limit, modes, dtypes, split, emit)
         except Exception:
             emit(sample=dict(entry=name, mode=None, dtype=None, status="fail",
                              message=traceback.format_exc()[-600:], fallbacks=[]))
@@ -186,9 +191,10 @@ class Worker:
         self.stderr.close()
 
 
-def run(names, limit=None, modes=MODES, dtypes=None, jobs=None, timeout=120.0, progress=None):
+def run(names, limit=None, modes=MODES, dtypes=None, jobs=None, timeout=120.0, progress=None, split=False):
     """Runs the sweep over `names` in `jobs` workers (every dtype of
-    compare.DTYPES, or the `dtypes` named); returns Results.units.
+    compare.DTYPES, or the `dtypes` named; each in one of the modes with
+    `split`); returns Results.units.
     `timeout` bounds each sample (and a worker's start-up, twice over)."""
     from conformance.compare import DTYPES
     # A worker holds torch, op_db and XLA: about 1.5 GB.
@@ -196,6 +202,7 @@ def run(names, limit=None, modes=MODES, dtypes=None, jobs=None, timeout=120.0, p
     dtypes = dtypes or [dtype_name(d) for d in DTYPES]
     argv = [sys.executable, "-m", "conformance", "--worker", "--modes", ",".join(modes), "--dtypes", ",".join(dtypes)]
     argv += ["--limit", str(limit)] if limit is not None else []
+    argv += ["--split"] if split else []
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [TESTS_DIR, os.environ.get("PYTHONPATH")])))
     # The workers share one compilation cache (the session's, or one of the sweep's own).
     with tempfile.TemporaryDirectory(prefix="torchtpu-conformance-") as cache:
@@ -279,12 +286,13 @@ def main(argv=None):
     p.add_argument("--jobs", type=int, help="worker processes; default the number of CPUs, at most 8")
     p.add_argument("--timeout", type=float, default=120.0, help="seconds a sample may run")
     p.add_argument("--out", default="build/conformance.json", help="where the results go (JSON)")
+    p.add_argument("--split", action="store_true", help="each dtype in one of the modes, in turn")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     modes = args.modes.split(",")
     dtypes = args.dtypes.split(",") if args.dtypes else None
     if args.worker:
-        return worker(args.limit, modes, dtypes)
+        return worker(args.limit, modes, dtypes, args.split)
 
     from torchtpu.coverage import pass_rates
 
@@ -297,11 +305,11 @@ def main(argv=None):
     def progress(done, total, name):
         print(f"[{done}/{total} {time.monotonic() - began:.0f}s] {name}", file=sys.stderr, flush=True)
 
-    units = run(names, args.limit, modes, dtypes, args.jobs, args.timeout, progress)
+    units = run(names, args.limit, modes, dtypes, args.jobs, args.timeout, progress, args.split)
     import torch
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:
-        json.dump(dict(torch=torch.__version__, limit=args.limit, modes=modes, seconds=time.monotonic() - began,
+        json.dump(dict(torch=torch.__version__, limit=args.limit, modes=modes, split=args.split, seconds=time.monotonic() - began,
                        dtypes=dtypes or [dtype_name(d) for d in DTYPES], results=units), f, indent=1,
                   sort_keys=True)
     print(f"{len(names)} entries in {time.monotonic() - began:.0f} s; results in {args.out}")
