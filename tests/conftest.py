@@ -4,6 +4,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import zlib
 
 # Compiled programs persist in a directory of the test session's own (xdist's
 # workers inherit it), removed when the process that made it exits: a run
@@ -53,9 +54,31 @@ def require_devices(n):
         pytest.skip(f"needs {n} devices; the plugin has {torch.tpu.device_count()}")
 
 
+# A test marked `one_mode` checks lowerings, which are the same in every
+# mode: each of its cases runs in fused or strict mode, in turn by a hash of
+# the case (debug mode beside strict, on strict's programs), as test_ops.py
+# splits OpInfo samples between the modes. TORCHTPU_TEST_ALL_MODES=1 runs
+# every case in every mode.
+ALL_MODES = os.environ.get("TORCHTPU_TEST_ALL_MODES") == "1"
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "one_mode: each case runs in one mode, fused or strict in turn")
+
+
+def case_mode(node):
+    """The mode a `one_mode` case runs in."""
+    case = [node.originalname] + [f"{k}={v}" for k, v in sorted(node.callspec.params.items()) if k != "mode"]
+    return ("fused", "strict")[zlib.crc32(repr(case).encode()) % 2]
+
+
 @pytest.fixture(params=["fused", "strict", "debug"])
 def mode(request):
-    """Runs a test in each eager mode."""
+    """Runs a test in each eager mode (a `one_mode` test's case in its own)."""
+    if request.node.get_closest_marker("one_mode") and not ALL_MODES:
+        turn = case_mode(request.node)
+        if request.param not in (turn, "debug" if turn == "strict" else turn):
+            pytest.skip(f"this case runs in {turn} mode (TORCHTPU_TEST_ALL_MODES=1: every mode)")
     with torchtpu.mode(request.param):
         yield request.param
 

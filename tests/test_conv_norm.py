@@ -55,6 +55,7 @@ CONV_CASES = [
 ]
 
 
+@pytest.mark.one_mode
 @pytest.mark.parametrize("transposed", [False, True], ids=["conv", "transposed"])
 @pytest.mark.parametrize("case", CONV_CASES, ids=str)
 def test_convolution(case, transposed, mode):
@@ -86,6 +87,7 @@ DEPTHWISE_CASES = [
 ]
 
 
+@pytest.mark.one_mode
 @pytest.mark.parametrize("case", DEPTHWISE_CASES, ids=str)
 def test_depthwise_convolution(case, mode):
     kernel, stride, padding, dilation = case
@@ -118,6 +120,7 @@ def test_convolution_errors():
 # ------------------------------------------------------------------ normalizations
 
 
+@pytest.mark.one_mode
 @pytest.mark.parametrize("affine", [True, False])
 @pytest.mark.parametrize("shape", [(4, 3), (4, 3, 5), (2, 3, 4, 5), (2, 3, 2, 2, 3)], ids=str)
 def test_batch_norm_train_and_eval(shape, affine, mode):
@@ -157,6 +160,7 @@ def test_batch_norm_eval_needs_running_stats():
         torch.native_batch_norm(x, None, None, None, None, False, 0.1, 1e-5)
 
 
+@pytest.mark.one_mode
 @pytest.mark.parametrize("normalized", [(5,), (4, 5)], ids=str)
 @pytest.mark.parametrize("affine", ["both", "weight", "none"])
 def test_layer_norm(normalized, affine, mode):
@@ -181,6 +185,7 @@ def test_layer_norm_shape_error():
         F.layer_norm(x.to("tpu"), (5,))
 
 
+@pytest.mark.one_mode
 @pytest.mark.parametrize("groups", [1, 2, 6])
 def test_group_norm(groups, mode):
     run_both(lambda x, w, b: F.group_norm(x, groups, w, b), torch.randn(2, 6, 3, 4), torch.randn(6),

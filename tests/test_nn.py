@@ -106,6 +106,7 @@ ACTIVATIONS = {
 }
 
 
+@pytest.mark.one_mode
 @pytest.mark.parametrize("name", ACTIVATIONS)
 def test_activation(name, mode):
     fn = ACTIVATIONS[name][0]
@@ -115,6 +116,7 @@ def test_activation(name, mode):
     compare(fn, randn(6, 5).bfloat16())
 
 
+@pytest.mark.one_mode
 @pytest.mark.parametrize("name", ACTIVATIONS)
 def test_activation_out_and_inplace(name, mode):
     _, inplace, out = ACTIVATIONS[name]
@@ -153,12 +155,14 @@ def test_gelu_bad_approximate():
 # ------------------------------------------------------------------ softmax
 
 
+@pytest.mark.one_mode
 @pytest.mark.parametrize("fn", [F.softmax, F.log_softmax], ids=["softmax", "log_softmax"])
 @pytest.mark.parametrize("dim", [0, 1, -1])
 def test_softmax(fn, dim, mode):
     compare(lambda x: fn(x, dim), randn(4, 5, 3), grad=True)
 
 
+@pytest.mark.one_mode
 @pytest.mark.parametrize("fn", [F.softmax, F.log_softmax], ids=["softmax", "log_softmax"])
 def test_softmax_variants(fn, mode):
     # Large logits: the max is subtracted before exp.
@@ -199,6 +203,7 @@ def test_softmax_errors():
 # ------------------------------------------------------------------ nll_loss, cross_entropy
 
 
+@pytest.mark.one_mode
 @pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
 @pytest.mark.parametrize("weighted", [False, True], ids=["unweighted", "weighted"])
 def test_nll_loss(reduction, weighted, mode):
@@ -234,6 +239,7 @@ def test_nll_loss_forward_output_pair(mode):
     compare(lambda x, t: torch.ops.aten.nll_loss_forward(x, t, None, 2, -100), x.bfloat16(), t.to(torch.uint8))
 
 
+@pytest.mark.one_mode
 @pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
 def test_nll_loss2d(reduction, mode):
     x, t = randn(2, 3, 4, 5).log_softmax(1), torch.randint(0, 3, (2, 4, 5))
@@ -271,6 +277,7 @@ def test_nll_loss_target_out_of_bounds_message():
     compare_error(lambda x, t: F.nll_loss(x, t), randn(3, 4), torch.tensor([0, 1, 10]))
 
 
+@pytest.mark.one_mode
 @pytest.mark.parametrize("label_smoothing", [0.0, 0.2])
 @pytest.mark.parametrize("reduction", ["mean", "sum"])
 def test_cross_entropy(label_smoothing, reduction, mode):
@@ -296,6 +303,7 @@ def test_cross_entropy(label_smoothing, reduction, mode):
 # ------------------------------------------------------------------ mse_loss
 
 
+@pytest.mark.one_mode
 @pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
 def test_mse_loss(reduction, mode):
     compare(lambda x, y: F.mse_loss(x, y, reduction=reduction), randn(4, 5), randn(4, 5), grad=True)
@@ -367,6 +375,7 @@ def test_dropout_backward_uses_mask(mode):
 # ------------------------------------------------------------------ embedding
 
 
+@pytest.mark.one_mode
 @pytest.mark.parametrize("padding_idx", [None, 2])
 @pytest.mark.parametrize("scale_grad_by_freq", [False, True], ids=["plain", "freq"])
 def test_embedding(padding_idx, scale_grad_by_freq, mode):
@@ -417,6 +426,7 @@ MHA_CASES = {  # batch_first, need_weights, key padding mask, attention mask, kd
 }
 
 
+@pytest.mark.one_mode
 @pytest.mark.parametrize("case", MHA_CASES)
 def test_multihead_attention(case, mode):
     batch_first, need_weights, padded, mask, kv_dims = MHA_CASES[case]
@@ -570,6 +580,7 @@ def test_flex_attention(compiled):
         assert_same(got, want.detach(), atol=1e-5, rtol=1e-4)
 
 
+@pytest.mark.one_mode
 @pytest.mark.parametrize("masks", ["none", "padding", "causal", "both"])
 def test_multihead_attention_inference_fast_path(masks, mode):
     """In eval mode without grad, batch_first self-attention takes PyTorch's
@@ -589,6 +600,7 @@ def test_multihead_attention_inference_fast_path(masks, mode):
         assert_same(a, b, atol=1e-5, rtol=1e-4)
 
 
+@pytest.mark.one_mode
 @pytest.mark.parametrize("norm_first", [False, True])
 @pytest.mark.parametrize("activation", ["relu", "gelu"])
 def test_transformer_encoder_inference_fast_path(norm_first, activation, mode):
@@ -617,6 +629,7 @@ RNNS = {  # module, extra input (initial state) or None
 }
 
 
+@pytest.mark.one_mode
 @pytest.mark.parametrize("name", RNNS)
 def test_recurrent_layers(name, mode):
     """nn.LSTM/GRU and their cells run PyTorch's fused cells on tpu
@@ -661,6 +674,7 @@ MASKED_SOFTMAX = {  # input shape, mask shape, mask_type, dim
 }
 
 
+@pytest.mark.one_mode
 @pytest.mark.parametrize("case", MASKED_SOFTMAX)
 def test_masked_softmax(case, mode):
     shape, mask_shape, mask_type, dim = MASKED_SOFTMAX[case]
@@ -690,6 +704,7 @@ FOLDS = {  # image size, kernel_size, dilation, padding, stride
 }
 
 
+@pytest.mark.one_mode
 @pytest.mark.parametrize("case", FOLDS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.bool], ids=str)
 def test_fold(case, dtype, mode):
@@ -708,6 +723,7 @@ def test_fold_errors(shape, size):
     compare_error(lambda a: F.fold(a, (5, 5), 2, stride=0), torch.ones(1, 8, 16))
 
 
+@pytest.mark.one_mode
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
 @pytest.mark.parametrize("op", ["_embedding_bag", "_embedding_bag_forward_only"])
 def test_embedding_bag_outputs(op, dtype, mode):
@@ -737,6 +753,7 @@ def test_embedding_bag_errors():
     compare_error(lambda w, i, o: bag(w, i + 1, o), w.double(), i, o)
 
 
+@pytest.mark.one_mode
 @pytest.mark.parametrize("norm_type", [1.0, 2.0, float("inf")])
 def test_embedding_renorm(norm_type, mode):
     compare(lambda w, i: torch.embedding_renorm_(w, i, 1.0, norm_type), torch.randn(6, 4),
@@ -762,6 +779,7 @@ def test_grouped_mm(ends, mode):
     compare(lambda a, b: torch._grouped_mm(a, b), randn(3, 5, 8), randn(3, 8, 4), rtol=1e-5, atol=1e-4)
 
 
+@pytest.mark.one_mode
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("dim", [0, 2])
 def test_weight_norm(dtype, dim, mode):
