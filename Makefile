@@ -38,11 +38,13 @@ demo: build
 # and adapter: 1m06 of set-up where a dev build of its own took 2m22.
 # pytest runs a file at a time on each of one worker per core (pytest-xdist):
 # one process keeps ~1.3 of this machine's 2 cores busy (XLA's compiler in
-# part). Whole files, so that the conformance sweep runs once.
+# part). Whole files, so that the conformance sweep runs once, in the order
+# tests/conftest.py collects them (the longest first) rather than xdist's
+# (the most tests first).
 test: build $(VENV)/.models-installed $(VENV)/.kernels-installed
 	TORCHTPU_PJRT_PLUGIN=$$($(PY) -c "import torchtpu._plugin as p; print(p.find_plugin()[0])") \
 		cargo test -q --release --workspace
-	$(PY) -m pytest -q -n auto --dist loadfile tests --ignore=tests/titan --durations=25
+	$(PY) -m pytest -q -n auto --dist loadfile --no-loadscope-reorder tests --ignore=tests/titan --durations=25
 
 # The whole OpInfo conformance sweep (every sample; `make test` runs a seeded
 # subset, `make conformance LIMIT=8` a larger one): prints the pass rate per

@@ -386,7 +386,7 @@ def test_a_detection_model_trains_with_cpus_losses_and_settles(tmp_path):
     """torchvision's `fasterrcnn_mobilenet_v3_large_fpn` (2 images of 128x128,
     `bench/dynamic.py detection`'s workload) trains on tpu with CPU's losses,
     no fallback (nms, roi_align and its backward lowered) and no compilation
-    after step 4, while the counts of proposals, positives and negatives read
+    in steps 5 and 6 (the bench runs more), while the counts of proposals, positives and negatives read
     from the device change every step. Its samplers take every box, so which
     boxes a step trains on does not depend on the random stream. From step 4
     the model is chaotic: CPU itself, its weights scaled by 1 + 1e-7 noise,
@@ -396,10 +396,10 @@ def test_a_detection_model_trains_with_cpus_losses_and_settles(tmp_path):
         import json, sys
         sys.path.insert(0, {os.path.join(os.path.dirname(__file__), "..", "bench")!r})
         import dynamic
-        print(json.dumps([dynamic._detection("tpu", 8), dynamic._detection("cpu", 8)]))
+        print(json.dumps([dynamic._detection("tpu", 6), dynamic._detection("cpu", 6)]))
     """, TORCHTPU_CACHE_DIR=str(tmp_path))
     tpu, cpu = r
     assert not tpu["fallbacks"], tpu["fallbacks"]
-    assert tpu["compilations"][4:] == [0] * 4, tpu["compilations"]
+    assert tpu["compilations"][4:] == [0] * 2, tpu["compilations"]
     for step, (got, want) in enumerate(zip(tpu["losses"], cpu["losses"])):
         assert abs(got - want) <= (2e-5 if step < 3 else 0.02) * want, (step, tpu["losses"], cpu["losses"])

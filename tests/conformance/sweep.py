@@ -309,9 +309,9 @@ def main(argv=None):
     import torch
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:
-        json.dump(dict(torch=torch.__version__, limit=args.limit, modes=modes, split=args.split, seconds=time.monotonic() - began,
-                       dtypes=dtypes or [dtype_name(d) for d in DTYPES], results=units), f, indent=1,
-                  sort_keys=True)
+        json.dump(dict(torch=torch.__version__, limit=args.limit, modes=modes, split=args.split,
+                       seconds=time.monotonic() - began, dtypes=dtypes or [dtype_name(d) for d in DTYPES],
+                       results=units), f, indent=1, sort_keys=True)
     print(f"{len(names)} entries in {time.monotonic() - began:.0f} s; results in {args.out}")
     print("pass rate (entries passing every sample / entries with samples):")
     for (mode, dtype), (ok, n) in sorted(pass_rates(units).items()):
