@@ -92,7 +92,7 @@ def mode(request):
     """Runs a test in each eager mode (a `one_mode` test's case in its own)."""
     if request.node.get_closest_marker("one_mode") and not ALL_MODES:
         turn = case_mode(request.node)
-        if request.param not in (turn, "debug" if turn == "strict" else turn):
+        if request.param not in {"fused": ("fused",), "strict": ("strict", "debug")}[turn]:
             pytest.skip(f"this case runs in {turn} mode (TORCHTPU_TEST_ALL_MODES=1: every mode)")
     with torchtpu.mode(request.param):
         yield request.param

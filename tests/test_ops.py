@@ -148,12 +148,12 @@ def samples(name, dtype, mode, requires_grad=False):
     conformance` runs every sample in every mode."""
     found = compare.samples(name, dtype, None, requires_grad)
     random.Random(f"{name}.{dtype}").shuffle(found)
-    fused = SLOW_SAMPLES if name in SLOW_TO_COMPILE else MODE_SAMPLES
-    count = DEBUG_SAMPLES if mode == "debug" else fused
+    per_mode = SLOW_SAMPLES if name in SLOW_TO_COMPILE else MODE_SAMPLES
+    count = DEBUG_SAMPLES if mode == "debug" else per_mode
     if requires_grad:
         if mode == "fused":
-            return found[:fused]
-        return found[fused:fused + DEBUG_SAMPLES] or found[:DEBUG_SAMPLES]
+            return found[:per_mode]
+        return found[per_mode:per_mode + DEBUG_SAMPLES] or found[:DEBUG_SAMPLES]
     if len(found) > 1:
         found = found[0::2] if mode == "fused" else found[1::2]
     return found[:count]
