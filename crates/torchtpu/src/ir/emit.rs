@@ -129,6 +129,7 @@ impl Emitter<'_> {
         match &self.g.nodes[v].op {
             Op::Param(n) => format!("%arg{n}"),
             Op::ArgReduce { .. } | Op::RngBits => format!("%v{v}#1"),
+            Op::Reduce { .. } if self.g.nodes[v].args.len() > 1 => format!("%v{v}#0"),
             Op::Sort { result, .. } => format!("%v{v}#{result}"),
             Op::CustomCall { results, .. } if results.len() > 1 => format!("%v{v}#0"),
             Op::Call(k) if k.outputs.len() > 1 => format!("%v{v}#0"),
@@ -194,14 +195,35 @@ impl Emitter<'_> {
 
     /// A two-argument region `^bb0(x, y): return op(x, y)`.
     fn binary_region(&mut self, v: V, op: Option<&str>, dtype: DType) -> String {
+        self.region_of(v, op, dtype, 1)
+    }
+
+    /// A region combining `n` accumulators with `n` values pairwise by `op`
+    /// (None: keeps the value), as a variadic reduce's.
+    fn region_of(&mut self, v: V, op: Option<&str>, dtype: DType, n: usize) -> String {
         let s = scalar(dtype);
-        let body = match op {
-            Some(op) => format!(
-                "      %r{v} = \"{op}\"(%x{v}, %y{v}) : ({s}, {s}) -> {s}\n      \"stablehlo.return\"(%r{v}) : ({s}) -> ()\n"
-            ),
-            None => format!("      \"stablehlo.return\"(%y{v}) : ({s}) -> ()\n"),
-        };
-        format!("({{\n    ^bb0(%x{v}: {s}, %y{v}: {s}):\n{body}    }})")
+        let at = |name: &str, i: usize| if n == 1 { format!("%{name}{v}") } else { format!("%{name}{v}_{i}") };
+        let mut body = String::new();
+        let mut results = Vec::new();
+        for i in 0..n {
+            let (x, y) = (at("x", i), at("y", i));
+            match op {
+                Some(op) => {
+                    let r = at("r", i);
+                    body += &format!("      {r} = \"{op}\"({x}, {y}) : ({s}, {s}) -> {s}\n");
+                    results.push(r);
+                }
+                None => results.push(y),
+            }
+        }
+        let types = vec![s.clone(); n].join(", ");
+        body += &format!("      \"stablehlo.return\"({}) : ({types}) -> ()\n", results.join(", "));
+        let params: Vec<String> = ["x", "y"]
+            .iter()
+            .flat_map(|name| (0..n).map(move |i| (name, i)))
+            .map(|(name, i)| format!("{}: {s}", at(name, i)))
+            .collect();
+        format!("({{\n    ^bb0({}):\n{body}    }})", params.join(", "))
     }
 
     fn node(&mut self, v: V) {
@@ -332,21 +354,29 @@ impl Emitter<'_> {
         }
     }
 
+    /// A reduction of one operand, or of several at once (one loop, one
+    /// accumulator each; its later results are `Op::Result` nodes).
     fn reduce(&mut self, v: V, kind: ReduceKind, dims: &[i64]) {
         let node = &self.g.nodes[v];
-        let input = node.args[0];
-        let dtype = node.ty.dtype;
+        let (n, dtype) = (node.args.len(), node.ty.dtype);
         let init = format!("%i{v}");
         self.constant(&init, &[reduce_init(kind, dtype)], &Ty::new(dtype, &[]));
-        let region = self.binary_region(v, Some(reduce_op(kind)), dtype);
+        let region = self.region_of(v, Some(reduce_op(kind)), dtype, n);
+        let node = &self.g.nodes[v];
+        let operands: Vec<String> = node.args.iter().map(|&a| self.name(a)).collect();
+        let types: Vec<String> = node.args.iter().map(|&a| self.ty(a)).collect();
+        let (count, results) = match n {
+            1 => (String::new(), tensor(&node.ty)),
+            _ => (format!(":{n}"), format!("({})", vec![tensor(&node.ty); n].join(", "))),
+        };
         let _ = writeln!(
             self.out,
-            "    %v{v} = \"stablehlo.reduce\"({}, {init}) {region} {{dimensions = {}}} : ({}, {}) -> {}",
-            self.name(input),
+            "    %v{v}{count} = \"stablehlo.reduce\"({}, {}) {region} {{dimensions = {}}} : ({}, {}) -> {results}",
+            operands.join(", "),
+            vec![init; n].join(", "),
             array(dims),
-            self.ty(input),
-            scalar(dtype),
-            tensor(&node.ty)
+            types.join(", "),
+            vec![scalar(dtype); n].join(", "),
         );
     }
 

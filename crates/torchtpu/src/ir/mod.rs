@@ -147,6 +147,9 @@ pub enum Op {
         interior: Vec<i64>,
     },
     Reverse(Vec<i64>),
+    /// Reduces `dims` away from each argument (one or several, of one
+    /// shape and dtype, in one loop); the node is the first result,
+    /// [`Op::Result`] nodes the others.
     Reduce {
         kind: ReduceKind,
         dims: Vec<i64>,
@@ -461,14 +464,21 @@ impl Graph {
 
     /// Reduces `dims` away (they are removed from the shape).
     pub fn reduce(&mut self, kind: ReduceKind, a: V, dims: &[usize]) -> V {
+        self.reduce_many(kind, &[a], dims)[0]
+    }
+
+    /// Reduces `dims` away from operands of one shape and dtype together:
+    /// one loop over their elements with an accumulator each, where one
+    /// `reduce` each is a loop each (XLA compiles and runs every loop apart).
+    pub fn reduce_many(&mut self, kind: ReduceKind, operands: &[V], dims: &[usize]) -> Vec<V> {
         if dims.is_empty() {
-            return a;
+            return operands.to_vec();
         }
-        let t = self.ty(a);
+        let t = self.ty(operands[0]);
         let shape: Vec<i64> = t.shape.iter().enumerate().filter(|(i, _)| !dims.contains(i)).map(|(_, &s)| s).collect();
-        let dtype = t.dtype;
+        let ty = Ty::new(t.dtype, &shape);
         let dims = dims.iter().map(|&d| d as i64).collect();
-        self.push(Op::Reduce { kind, dims }, vec![a], Ty::new(dtype, &shape))
+        self.multi(Op::Reduce { kind, dims }, operands, &vec![ty; operands.len()])
     }
 
     /// i64 index of the max/min along `dim` (removed from the shape).

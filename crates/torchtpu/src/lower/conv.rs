@@ -410,28 +410,32 @@ fn tap_backward(
     });
     let gw = x.map(|x| {
         let gs = cx.g.ty(g).shape.clone();
-        // Depthwise: the spatial (minor) dimensions first, as XLA:CPU
-        // reduces rows fast and the batch around the channels slowly.
-        let spatial: Vec<usize> = (2..gs.len()).collect();
-        let gf = if kind == Taps::Dense { Some(channels_first(cx, g)) } else { None };
-        let per_tap: Vec<V> = window_slices(cx, x, win, 0.0)
-            .into_iter()
-            .map(|s| match gf {
-                Some(gf) => {
-                    let sf = channels_first(cx, s);
-                    let sf = cx.g.transpose(sf, &[1, 0]);
-                    let r = cx.g.matmul(gf, sf, cx.precision);
-                    let r_shape = cx.g.ty(r).shape.clone();
-                    cx.g.reshape(r, &[r_shape[0], r_shape[1], 1])
-                }
-                None => {
-                    let p = cx.g.binary("stablehlo.multiply", s, g);
-                    let r = cx.g.reduce(ReduceKind::Sum, p, &spatial);
-                    let r = cx.g.reduce(ReduceKind::Sum, r, &[0]);
-                    cx.g.reshape(r, &[gs[1], 1, 1])
-                }
-            })
-            .collect();
+        let slices = window_slices(cx, x, win, 0.0);
+        let per_tap: Vec<V> = match kind {
+            // Every offset's products reduced in one loop: a reduction
+            // each compiled to a loop each (~3 s of XLA:CPU compilation for
+            // a 7x7 kernel) and ran 6x slower (bench/RESULTS.md).
+            Taps::Depthwise => {
+                let products: Vec<V> = slices.into_iter().map(|s| cx.g.binary("stablehlo.multiply", s, g)).collect();
+                let spatial: Vec<usize> = (2..gs.len()).collect();
+                let sums = cx.g.reduce_many(ReduceKind::Sum, &products, &spatial);
+                let sums = cx.g.reduce_many(ReduceKind::Sum, &sums, &[0]);
+                sums.into_iter().map(|r| cx.g.reshape(r, &[gs[1], 1, 1])).collect()
+            }
+            Taps::Dense => {
+                let gf = channels_first(cx, g);
+                slices
+                    .into_iter()
+                    .map(|s| {
+                        let sf = channels_first(cx, s);
+                        let sf = cx.g.transpose(sf, &[1, 0]);
+                        let r = cx.g.matmul(gf, sf, cx.precision);
+                        let r_shape = cx.g.ty(r).shape.clone();
+                        cx.g.reshape(r, &[r_shape[0], r_shape[1], 1])
+                    })
+                    .collect()
+            }
+        };
         let r = cx.g.concatenate(&per_tap, 2);
         let in_channels = cx.g.ty(r).shape[1];
         let kernel: Vec<i64> = [gs[1], in_channels].iter().chain(&win.kernel).copied().collect();
