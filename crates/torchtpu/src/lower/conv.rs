@@ -398,15 +398,30 @@ fn tap_backward(
     input: &[i64],
 ) -> (Option<V>, Option<V>) {
     let gi = w.map(|w| {
-        if win.stride.iter().all(|&s| s == 1) {
-            // One padding of grad_output and its slices, as forward (the
-            // spread-out taps of add_windows are padded one by one).
-            let n = win.kernel.len();
-            let pad = (0..n).map(|i| win.dilation[i] * (win.kernel[i] - 1) - win.pad[i]).collect();
-            let back = Window { pad, input: win.output.clone(), output: win.input.clone(), ..win.clone() };
-            return tap_sum(cx, kind, g, w, &back, true);
+        let strided = win.stride.iter().any(|&s| s != 1);
+        if strided && kind == Taps::Dense {
+            // Each offset's matrix product on the output grid, spread back:
+            // on the stride-spread grid it would multiply zeros too.
+            return add_windows(cx, win, input, |cx, k| apply_tap(cx, kind, g, w, k, true));
         }
-        add_windows(cx, win, input, |cx, k| apply_tap(cx, kind, g, w, k, true))
+        // The convolution of grad_output, spread out by the stride, with the
+        // reversed kernel: one padding of it and its slices, as forward (a
+        // depthwise product per offset fuses into one loop, where
+        // add_windows' spread-out taps were a loop each).
+        let n = win.kernel.len();
+        let g = if strided {
+            let rank = cx.g.ty(g).rank();
+            let zero = cx.g.scalar(0.0, cx.g.ty(g).dtype);
+            let interior: Vec<i64> =
+                (0..rank).map(|d| if d < rank - n { 0 } else { win.stride[d + n - rank] - 1 }).collect();
+            cx.g.pad(g, zero, &vec![0; rank], &vec![0; rank], &interior)
+        } else {
+            g
+        };
+        let spread = (0..n).map(|i| dilated(win.output[i], win.stride[i])).collect();
+        let pad = (0..n).map(|i| win.dilation[i] * (win.kernel[i] - 1) - win.pad[i]).collect();
+        let back = Window { pad, stride: vec![1; n], input: spread, output: win.input.clone(), ..win.clone() };
+        tap_sum(cx, kind, g, w, &back, true)
     });
     let gw = x.map(|x| {
         let gs = cx.g.ty(g).shape.clone();
