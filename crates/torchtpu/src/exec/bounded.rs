@@ -1058,6 +1058,10 @@ impl<'a> Builder<'a> {
                     self.out.push(node.op.clone(), args, self.ty(v, want))
                 }
                 Op::ArgReduce { .. } => self.out.push(node.op.clone(), args, self.ty(v, want)),
+                // A variadic reduction's further results, as its first.
+                Op::Result(_) if matches!(g.nodes[node.args[0]].op, Op::Reduce { .. }) => {
+                    self.out.push(node.op.clone(), args, self.ty(v, want))
+                }
                 &Op::Sort { dim, descending, keys, result } => {
                     let x = self.sort(v, args, dim, descending, keys, result);
                     self.set_sizes(x, v, want)

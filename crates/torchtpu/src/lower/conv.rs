@@ -13,7 +13,7 @@
 //! Integer tensors convolve in their own type, as on CPU; bool ones raise
 //! CPU's error.
 use super::elementwise::{finish, not_implemented};
-use super::pool::{add_windows, window_slices, Window};
+use super::pool::{add_windows, spread_slices, window_slices, Window};
 use super::{op, Cx, Entry, UNDEFINED};
 use crate::error::{Error, Result};
 use crate::ir::dtype::{opmath, DType};
@@ -369,19 +369,14 @@ fn apply_tap(cx: &mut Cx, kind: Taps, s: V, w: V, k: i64, transposed: bool) -> V
     }
 }
 
-/// The sum over offsets of each offset's slice of `x` with its weights; with
-/// `flip` the kernel reversed in every spatial dimension and transposed (the
-/// input gradient of a convolution of stride 1 is the convolution of
-/// grad_output with that kernel). Elementwise (depthwise) it fuses into one
-/// loop: a stacked window and a reduction were 40x slower, XLA:CPU
-/// materialized the stack.
-fn tap_sum(cx: &mut Cx, kind: Taps, x: V, w: V, win: &Window, flip: bool) -> V {
-    let slices = window_slices(cx, x, win, 0.0);
-    let last = slices.len() as i64 - 1;
+/// The sum over offsets of each offset's slice with its weights (with
+/// `transposed`, the transposed weights: the input gradient). Elementwise
+/// (depthwise) it fuses into one loop: a stacked window and a reduction were
+/// 40x slower, XLA:CPU materialized the stack.
+fn tap_sum(cx: &mut Cx, kind: Taps, slices: Vec<V>, w: V, transposed: bool) -> V {
     let mut acc = None;
     for (k, s) in slices.into_iter().enumerate() {
-        let k = if flip { last - k as i64 } else { k as i64 };
-        let p = apply_tap(cx, kind, s, w, k, flip);
+        let p = apply_tap(cx, kind, s, w, k as i64, transposed);
         acc = Some(acc.map_or(p, |a| cx.g.binary("stablehlo.add", a, p)));
     }
     acc.expect("a kernel offset")
@@ -398,30 +393,13 @@ fn tap_backward(
     input: &[i64],
 ) -> (Option<V>, Option<V>) {
     let gi = w.map(|w| {
-        let strided = win.stride.iter().any(|&s| s != 1);
-        if strided && kind == Taps::Dense {
+        if kind == Taps::Dense && win.stride.iter().any(|&s| s != 1) {
             // Each offset's matrix product on the output grid, spread back:
             // on the stride-spread grid it would multiply zeros too.
             return add_windows(cx, win, input, |cx, k| apply_tap(cx, kind, g, w, k, true));
         }
-        // The convolution of grad_output, spread out by the stride, with the
-        // reversed kernel: one padding of it and its slices, as forward (a
-        // depthwise product per offset fuses into one loop, where
-        // add_windows' spread-out taps were a loop each).
-        let n = win.kernel.len();
-        let g = if strided {
-            let rank = cx.g.ty(g).rank();
-            let zero = cx.g.scalar(0.0, cx.g.ty(g).dtype);
-            let interior: Vec<i64> =
-                (0..rank).map(|d| if d < rank - n { 0 } else { win.stride[d + n - rank] - 1 }).collect();
-            cx.g.pad(g, zero, &vec![0; rank], &vec![0; rank], &interior)
-        } else {
-            g
-        };
-        let spread = (0..n).map(|i| dilated(win.output[i], win.stride[i])).collect();
-        let pad = (0..n).map(|i| win.dilation[i] * (win.kernel[i] - 1) - win.pad[i]).collect();
-        let back = Window { pad, stride: vec![1; n], input: spread, output: win.input.clone(), ..win.clone() };
-        tap_sum(cx, kind, g, w, &back, true)
+        let slices = spread_slices(cx, g, win);
+        tap_sum(cx, kind, slices, w, true)
     });
     let gw = x.map(|x| {
         let gs = cx.g.ty(g).shape.clone();
@@ -465,7 +443,10 @@ fn convolution(cx: &mut Cx) -> Result<Vec<V>> {
     let x = operand(cx, "input", &p)?;
     let w = operand(cx, "weight", &p)?;
     let mut y = match taps(&p, xt.sizes, wt.sizes) {
-        Some((kind, win)) => tap_sum(cx, kind, x, w, &win, false),
+        Some((kind, win)) => {
+            let slices = window_slices(cx, x, &win, 0.0);
+            tap_sum(cx, kind, slices, w, false)
+        }
         None => {
             let rhs = kernel(cx, w, &p);
             cx.g.convolution(x, rhs, forward_conv(&p, wt.sizes), cx.precision)

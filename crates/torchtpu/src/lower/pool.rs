@@ -353,8 +353,39 @@ fn avg_pool_backward(cx: &mut Cx, d: usize) -> Result<Vec<V>> {
     let g = cx.g.convert(g, ct);
     let divisor = avg_divisor(cx, &w, gt.sizes, ct)?;
     let g = cx.g.binary("stablehlo.divide", g, divisor);
-    let r = add_windows(cx, &w, t.sizes, |_, _| g);
+    let slices = spread_slices(cx, g, &w);
+    let r = slices.into_iter().reduce(|a, b| cx.g.binary("stablehlo.add", a, b)).expect("a kernel offset");
     finish(cx, r, gt.dtype)
+}
+
+/// The transpose of `window_slices`, as slices: for each kernel offset in
+/// order, what it adds to each input element from `g` (shaped like the
+/// output), shaped like the input. They are the windows of `g` spread out
+/// by the stride (interior padding), reversed: one padding and strided
+/// slices, which XLA:CPU fuses with their sum into one loop, where
+/// `add_windows`' spread-out parts were a loop each.
+pub(super) fn spread_slices(cx: &mut Cx, g: V, w: &Window) -> Vec<V> {
+    let n = w.kernel.len();
+    let rank = cx.g.ty(g).rank();
+    let lead = rank - n;
+    let g = if w.stride.iter().any(|&s| s != 1) {
+        let zero = cx.g.scalar(0.0, cx.g.ty(g).dtype);
+        let interior: Vec<i64> = (0..rank).map(|d| if d < lead { 0 } else { w.stride[d - lead] - 1 }).collect();
+        cx.g.pad(g, zero, &vec![0; rank], &vec![0; rank], &interior)
+    } else {
+        g
+    };
+    let back = Window {
+        kernel: w.kernel.clone(),
+        stride: vec![1; n],
+        pad: (0..n).map(|i| w.dilation[i] * (w.kernel[i] - 1) - w.pad[i]).collect(),
+        dilation: w.dilation.clone(),
+        input: (0..n).map(|i| dilated(w.output[i], w.stride[i])).collect(),
+        output: w.input.clone(),
+    };
+    let mut slices = window_slices(cx, g, &back, 0.0);
+    slices.reverse();
+    slices
 }
 
 /// The transpose of `windows`: for each kernel offset k in order, `part(k)`
