@@ -101,6 +101,22 @@ def test_depthwise_convolution(case, mode):
     run_both(lambda x: fn(x, w.to(x.device), None, **kwargs), x, **CONV_TOL)
 
 
+def test_depthwise_convolution_over_changing_batches_buckets():
+    """The weight gradient's variadic reduction meets a changing batch: 8
+    batch sizes train in a few bucketed programs, none refused."""
+    conv = nn.Conv2d(8, 8, 3, padding=1, groups=8)
+    tpu = copy.deepcopy(conv).to("tpu")
+    torchtpu.reset_metrics()
+    for n in [3, 5, 6, 7, 9, 11, 12, 13]:
+        x = torch.randn(n, 8, 6, 6)
+        for c, device in ((conv, "cpu"), (tpu, "tpu")):
+            c.zero_grad()
+            c(x.to(device)).square().sum().backward()
+        close(tpu.weight.grad, conv.weight.grad, **CONV_TOL)
+    metrics = torchtpu.metrics()
+    assert metrics["compilations"] <= 4 and not metrics["bucket_refusals"], metrics
+
+
 def test_convolution_input_without_grad(mode):
     """Only the weight's gradient is asked for (output_mask): the first layer."""
     x, w = torch.randn(2, 3, 8, 8), torch.randn(5, 3, 3, 3)
