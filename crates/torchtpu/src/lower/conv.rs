@@ -406,8 +406,9 @@ fn tap_backward(
         let slices = window_slices(cx, x, win, 0.0);
         let per_tap: Vec<V> = match kind {
             // Every offset's products reduced in one loop: a reduction
-            // each compiled to a loop each (~3 s of XLA:CPU compilation for
-            // a 7x7 kernel) and ran 6x slower (bench/RESULTS.md).
+            // each was a loop each (~3 s of XLA:CPU compilation for a 7x7
+            // kernel, 2x slower at 56x56; bench/RESULTS.md). The spatial
+            // (minor) dimensions first: XLA:CPU reduces rows fast.
             Taps::Depthwise => {
                 let products: Vec<V> = slices.into_iter().map(|s| cx.g.binary("stablehlo.multiply", s, g)).collect();
                 let spatial: Vec<usize> = (2..gs.len()).collect();
