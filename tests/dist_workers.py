@@ -609,16 +609,23 @@ def _pipeline_model(stages):
 
 
 def pipeline():
-    """torch.distributed.pipelining on tpu (schedule PP_SCHEDULE): each rank
-    holds its stages of a model split in blocks, the stages exchange shapes
-    and activations point to point; losses and parameters equal one CPU
-    process training the whole model on the same micro-batches (rtol 1e-4)."""
-    import torch.distributed.pipelining as pp
-
-    name, per_rank, layout = SCHEDULES[os.environ["PP_SCHEDULE"]]
+    """torch.distributed.pipelining on tpu, each schedule of PP_SCHEDULES in
+    turn over one group: each rank holds its stages of a model split in
+    blocks, the stages exchange shapes and activations point to point; losses
+    and parameters equal one CPU process training the whole model on the
+    same micro-batches (rtol 1e-4)."""
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     device = torch.device("tpu", int(os.environ["LOCAL_RANK"]))
     dist.init_process_group(device_id=device, timeout=TIMEOUT)
+    for schedule in os.environ["PP_SCHEDULES"].split(","):
+        _pipeline_schedule(schedule, rank, world, device)
+    dist.destroy_process_group()
+
+
+def _pipeline_schedule(schedule, rank, world, device):
+    import torch.distributed.pipelining as pp
+
+    name, per_rank, layout = SCHEDULES[schedule]
     stages = world * per_rank
     mine = [rank] if per_rank == 1 else [rank, rank + world if layout == "loop" else 2 * world - 1 - rank]
     blocks = _pipeline_model(stages)
@@ -626,8 +633,8 @@ def pipeline():
     loss_fn = nn.CrossEntropyLoss()
     stage_objects = [pp.PipelineStage(modules[i], i, stages, device) for i in mine]
     schedule_class = getattr(pp, name)
-    schedule = schedule_class(stage_objects[0] if per_rank == 1 else stage_objects, n_microbatches=MICROBATCHES,
-                              loss_fn=loss_fn)
+    pipe = schedule_class(stage_objects[0] if per_rank == 1 else stage_objects, n_microbatches=MICROBATCHES,
+                          loss_fn=loss_fn)
     opt = torch.optim.SGD([p for m in modules.values() for p in m.parameters()], lr=0.1)
     g = torch.Generator().manual_seed(1)
     batches = [(torch.randn(8, 16, generator=g), torch.randint(0, 4, (8,), generator=g)) for _ in range(3)]
@@ -637,7 +644,7 @@ def pipeline():
         opt.zero_grad()
         out = []
         kwargs = {"target": y.to(device), "losses": out} if holds_last else {}
-        schedule.step(*([x.to(device)] if holds_first else []), **kwargs)
+        pipe.step(*([x.to(device)] if holds_first else []), **kwargs)
         opt.step()
         losses.append([l.item() for l in out])
 
@@ -653,11 +660,11 @@ def pipeline():
         ref_opt.step()
         ref_losses.append([l.item() for l in micro])
     if holds_last:
-        torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref_losses), rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref_losses), rtol=1e-4, atol=1e-5,
+                                   msg=lambda m: f"{schedule}'s losses: {m}")
     for i in mine:
         for p, r in zip(modules[i].parameters(), reference[i].parameters()):
-            _same(p.detach(), r.detach(), f"stage {i}'s parameter", rtol=1e-4, atol=1e-5)
-    dist.destroy_process_group()
+            _same(p.detach(), r.detach(), f"{schedule}: stage {i}'s parameter", rtol=1e-4, atol=1e-5)
 
 
 def pipeline_peer_missing():

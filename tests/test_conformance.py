@@ -1,7 +1,8 @@
 """The CI part of the OpInfo conformance sweep (tests/conformance): every
 op_db entry but the excluded ones and those test_ops.py covers, on a fixed, seeded subset of
-CI_SAMPLES samples per entry and dtype, each dtype in one of CI_MODES (in
-turn: an entry of several dtypes meets both), in worker processes (a crash
+CI_SAMPLES samples per entry and dtype, CI_DTYPES of an entry's dtypes (in
+turn from a place seeded by its name: across entries, every dtype), each in
+one of CI_MODES (in turn: an entry meets both), in worker processes (a crash
 or hang fails its entry, not the session). `make conformance` runs every
 sample in every mode and dtype.
 
@@ -16,6 +17,7 @@ from conformance.known_failures import known_failure
 from test_ops import OPS
 
 CI_SAMPLES = 1
+CI_DTYPES = 2
 # Debug mode runs strict's programs; test_ops.py runs it on the lowered ops.
 CI_MODES = ["fused", "strict"]
 
@@ -26,7 +28,7 @@ def subset(request):
     chosen = sorted({item.callspec.params["entry"] for item in request.session.items
                      if getattr(item, "originalname", None) == "test_conformance"})
     jobs = int(os.environ.get("TORCHTPU_CONFORMANCE_JOBS", 0)) or None
-    return sweep.run(chosen, limit=CI_SAMPLES, modes=CI_MODES, jobs=jobs, split=True)
+    return sweep.run(chosen, limit=CI_SAMPLES, modes=CI_MODES, jobs=jobs, split=True, per_entry=CI_DTYPES)
 
 
 # The lowered entries test_ops.py checks in depth (every sample across the

@@ -68,17 +68,21 @@ def dtype_name(dtype):
     return str(dtype).removeprefix("torch.")
 
 
-def run_entry(name, limit, modes, dtypes, split, emit):
+def run_entry(name, limit, modes, dtypes, split, emit, per_entry=None):
     """Every sample of `name` (at most `limit`) in each mode and dtype; with
     `split`, each dtype in one of the modes, taken in turn from a place
-    seeded by the name, so that an entry of several dtypes meets each mode."""
+    seeded by the name, so that an entry of several dtypes meets each mode;
+    with `per_entry`, that many of its dtypes, in turn from the same place."""
     import torch
     import torchtpu
     from conformance.compare import DTYPES, describe, opinfo, samples
 
     op = opinfo(name)
     first = zlib.crc32(name.encode())
-    for i, dtype in enumerate([d for d in DTYPES if d in op.supported_dtypes("cpu") and dtype_name(d) in dtypes]):
+    chosen = [d for d in DTYPES if d in op.supported_dtypes("cpu") and dtype_name(d) in dtypes]
+    if per_entry and len(chosen) > per_entry:
+        chosen = (chosen * 2)[first % len(chosen):][:per_entry]
+    for i, dtype in enumerate(chosen):
         grad = op.supports_autograd and dtype in op.supported_backward_dtypes("cpu")
         key = dict(entry=name, dtype=dtype_name(dtype))
         emit(start=dict(key, mode=None, sample="generating samples"))
@@ -109,7 +113,7 @@ def run_entry(name, limit, modes, dtypes, split, emit):
                     emit(sample=dict(result, fallbacks=sorted(torchtpu.metrics()["fallbacks"])))
 
 
-def worker(limit, modes, dtypes, split):
+def worker(limit, modes, dtypes, split, per_entry):
     """Runs the entries named on stdin; reports on the original stdout, one
     JSON object a line (stray prints go to stderr)."""
     report = os.fdopen(os.dup(1), "w", buffering=1)
@@ -121,7 +125,7 @@ def worker(limit, modes, dtypes, split):
     for line in sys.stdin:
         name = line.strip()
         try:
-            run_entry(name, limit, modes, dtypes, split, emit)
+            run_entry(name, limit, modes, dtypes, split, emit, per_entry)
         except Exception:
             emit(sample=dict(entry=name, mode=None, dtype=None, status="fail",
                              message=traceback.format_exc()[-600:], fallbacks=[]))
@@ -191,10 +195,11 @@ class Worker:
         self.stderr.close()
 
 
-def run(names, limit=None, modes=MODES, dtypes=None, jobs=None, timeout=120.0, progress=None, split=False):
+def run(names, limit=None, modes=MODES, dtypes=None, jobs=None, timeout=120.0, progress=None, split=False,
+        per_entry=None):
     """Runs the sweep over `names` in `jobs` workers (every dtype of
-    compare.DTYPES, or the `dtypes` named; each in one of the modes with
-    `split`); returns Results.units.
+    compare.DTYPES, or the `dtypes` named, or `per_entry` of them in turn;
+    each in one of the modes with `split`); returns Results.units.
     `timeout` bounds each sample (and a worker's start-up, twice over)."""
     from conformance.compare import DTYPES
     # A worker holds torch, op_db and XLA: about 1.5 GB.
@@ -203,6 +208,7 @@ def run(names, limit=None, modes=MODES, dtypes=None, jobs=None, timeout=120.0, p
     argv = [sys.executable, "-m", "conformance", "--worker", "--modes", ",".join(modes), "--dtypes", ",".join(dtypes)]
     argv += ["--limit", str(limit)] if limit is not None else []
     argv += ["--split"] if split else []
+    argv += ["--per-entry", str(per_entry)] if per_entry else []
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [TESTS_DIR, os.environ.get("PYTHONPATH")])))
     # The workers share one compilation cache (the session's, or one of the sweep's own).
     with tempfile.TemporaryDirectory(prefix="torchtpu-conformance-") as cache:
@@ -287,12 +293,13 @@ def main(argv=None):
     p.add_argument("--timeout", type=float, default=120.0, help="seconds a sample may run")
     p.add_argument("--out", default="build/conformance.json", help="where the results go (JSON)")
     p.add_argument("--split", action="store_true", help="each dtype in one of the modes, in turn")
+    p.add_argument("--per-entry", type=int, help="dtypes per entry, in turn; default every dtype")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     modes = args.modes.split(",")
     dtypes = args.dtypes.split(",") if args.dtypes else None
     if args.worker:
-        return worker(args.limit, modes, dtypes, args.split)
+        return worker(args.limit, modes, dtypes, args.split, args.per_entry)
 
     from torchtpu.coverage import pass_rates
 
@@ -305,11 +312,12 @@ def main(argv=None):
     def progress(done, total, name):
         print(f"[{done}/{total} {time.monotonic() - began:.0f}s] {name}", file=sys.stderr, flush=True)
 
-    units = run(names, args.limit, modes, dtypes, args.jobs, args.timeout, progress, args.split)
+    units = run(names, args.limit, modes, dtypes, args.jobs, args.timeout, progress, args.split, args.per_entry)
     import torch
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(dict(torch=torch.__version__, limit=args.limit, modes=modes, split=args.split,
+                       per_entry=args.per_entry,
                        seconds=time.monotonic() - began, dtypes=dtypes or [dtype_name(d) for d in DTYPES],
                        results=units), f, indent=1, sort_keys=True)
     print(f"{len(names)} entries in {time.monotonic() - began:.0f} s; results in {args.out}")
