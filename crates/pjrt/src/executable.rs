@@ -66,8 +66,7 @@ impl LoadedExecutable {
     /// parameters is an error: mark the duplicates non-donatable.
     pub fn execute(&self, args: &[&Buffer], device: Device<'_>, non_donatable: &[i64]) -> Result<Vec<Buffer>> {
         let execute_device = self.launch_device(device)?;
-        let mut outputs = self.launch(&[args], execute_device, non_donatable)?;
-        Ok(outputs.remove(0))
+        self.launch(&[args], execute_device, non_donatable)
     }
 
     /// Runs a replicated program (see
@@ -82,25 +81,33 @@ impl LoadedExecutable {
                 args.len()
             )));
         }
+        let per_device = args.first().map_or(0, Vec::len);
+        if args.iter().any(|a| a.len() != per_device) {
+            return Err(Error::invalid_argument("every replica takes the same number of arguments"));
+        }
         let lists: Vec<&[&Buffer]> = args.iter().map(Vec::as_slice).collect();
-        let all: Vec<i64> = (0..args.first().map_or(0, Vec::len) as i64).collect();
-        self.launch(&lists, ptr::null_mut(), &all)
+        let all: Vec<i64> = (0..per_device as i64).collect();
+        let mut outputs = self.launch(&lists, ptr::null_mut(), &all)?.into_iter();
+        Ok((0..args.len()).map(|_| outputs.by_ref().take(self.num_outputs).collect()).collect())
     }
 
-    /// One execute call: `args[i]` on the i-th device (or on `execute_device`).
+    /// One execute call: `args[i]` on the i-th device (or on `execute_device`);
+    /// returns the devices' outputs one device after the other. The argument
+    /// and output arrays are flat, one allocation each, as this runs per op.
     fn launch(
         &self,
         args: &[&[&Buffer]],
         execute_device: *mut sys::PJRT_Device,
         non_donatable: &[i64],
-    ) -> Result<Vec<Vec<Buffer>>> {
+    ) -> Result<Vec<Buffer>> {
         if let Some(i) = args.iter().flat_map(|a| a.iter()).position(|b| !Arc::ptr_eq(b.client(), &self.client)) {
             return Err(Error::invalid_argument(format!("argument {i} belongs to another client")));
         }
-        let inputs: Vec<Vec<_>> = args.iter().map(|a| a.iter().map(|b| b.raw()).collect()).collect();
-        let mut outputs = vec![vec![ptr::null_mut::<sys::PJRT_Buffer>(); self.num_outputs]; args.len()];
-        let input_lists: Vec<_> = inputs.iter().map(|i| i.as_ptr()).collect();
-        let output_lists: Vec<_> = outputs.iter_mut().map(|o| o.as_mut_ptr()).collect();
+        let (devices, per_device) = (args.len(), args.first().map_or(0, |a| a.len()));
+        let inputs: Vec<*mut sys::PJRT_Buffer> = args.iter().flat_map(|a| a.iter().map(|b| b.raw())).collect();
+        let mut outputs = vec![ptr::null_mut::<sys::PJRT_Buffer>(); devices * self.num_outputs];
+        let input_lists: Vec<_> = (0..devices).map(|d| inputs[d * per_device..].as_ptr()).collect();
+        let output_lists: Vec<_> = (0..devices).map(|d| outputs[d * self.num_outputs..].as_mut_ptr()).collect();
 
         let mut options = sys::PJRT_ExecuteOptions::zeroed();
         options.non_donatable_input_indices = non_donatable.as_ptr();
@@ -109,17 +116,14 @@ impl LoadedExecutable {
         exec.executable = self.raw.as_ptr();
         exec.options = &mut options;
         exec.argument_lists = input_lists.as_ptr();
-        exec.num_devices = args.len();
-        exec.num_args = inputs.first().map_or(0, Vec::len);
+        exec.num_devices = devices;
+        exec.num_args = per_device;
         exec.output_lists = output_lists.as_ptr();
         exec.execute_device = execute_device;
         // SAFETY: all pointers refer to locals that outlive the call; each output
         // list has room for `num_outputs` buffers.
         unsafe { call!(self.client.api, PJRT_LoadedExecutable_Execute, &mut exec) }?;
-        outputs
-            .into_iter()
-            .map(|list| list.into_iter().map(|raw| Buffer::from_raw(self.client.clone(), raw)).collect())
-            .collect()
+        outputs.into_iter().map(|raw| Buffer::from_raw(self.client.clone(), raw)).collect()
     }
 
     /// The `execute_device` to pass: none for the device the program was compiled for
