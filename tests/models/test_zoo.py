@@ -224,10 +224,11 @@ def _reference(name):
     return _CPU[name]
 
 
-# Every model in fused mode; in strict mode those whose ops no other strict
-# case runs (CI budget): not the CNNs, whose ops test_conv_norm's strict
-# ResNet runs, nor Hugging Face's ViT beside torchvision's, nor GPT-2, T5
-# and Mixtral, whose ops the other language models run.
+# Every model in fused mode; in strict mode a language model, an encoder and
+# a ViT (CI budget): the CNNs' layers run in strict mode in test_conv_norm (a
+# ResNet's training, and depthwise and grouped convolutions, each case in one
+# mode), Hugging Face's ViT has torchvision's beside it, and Llama and BERT
+# run the ops of GPT-2, T5 and Mixtral.
 CASES = [(name, eager) for name in MODELS for eager in ("fused", "strict")
          if eager == "fused" or name in ("llama", "bert_mlm", "vit_b_16_tiny")]
 
