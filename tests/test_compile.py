@@ -98,6 +98,18 @@ def test_compiled_call_is_one_program():
         after = torchtpu.metrics()
         assert after["executions"] - before["executions"] == 1
         assert after["compiled_graph_captures"] == 1
+        # A call read once, then a loop of calls read only at its end: each
+        # call runs the read call's program (a one-op step of a compiled
+        # graph is a step met), not a new program fusing calls in pairs.
+        compiled(x).cpu()
+        torchtpu.reset_metrics()
+        outs = [compiled(x) for _ in range(5)]
+        torch.tpu.synchronize()
+        m = torchtpu.metrics()
+        assert (m["compilations"], m["executions"], m["fused_replays"]) == (0, 5, 5), m
+        assert m["flushes"]["step_repeat"] == 4, m
+        for out in outs:
+            torch.testing.assert_close(out.cpu(), expected.detach(), rtol=1e-4, atol=1e-5)
 
 
 def test_dropout_draws_fresh_masks_without_recompiling():

@@ -96,6 +96,9 @@ pub struct Plan {
     pub constants: Vec<Arc<DeviceBuffer>>,
     /// Built for sizes measured on the device (`nonzero`'s count).
     measured: bool,
+    /// A compiled graph's (`Plan::new`), not one op's: a program of its own
+    /// even where it is all a step does.
+    pub compiled: bool,
     /// Run alone (strict, debug): its programs, one per padding of its inputs.
     alone: Mutex<Vec<Alone>>,
 }
@@ -137,6 +140,7 @@ impl Plan {
             checks,
             constants,
             measured: false,
+            compiled: true,
             alone: Mutex::new(Vec::new()),
         }
     }
@@ -366,6 +370,7 @@ fn build(
         checks,
         constants: Vec::new(),
         measured,
+        compiled: false,
         alone: Mutex::new(Vec::new()),
     })
 }

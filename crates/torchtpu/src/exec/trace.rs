@@ -197,10 +197,12 @@ pub struct Trace {
     checks: Vec<Check>,
     /// The step being recorded, across its parts: ops since the last flush
     /// at a boundary of the user's (a read, a synchronize, an optimizer
-    /// step, ...), and the address of the plan that began it; and the steps
-    /// met so far, as (first plan, ops).
+    /// step, ...), the address of the plan that began it and whether that
+    /// plan is a compiled graph's; and the steps met so far, as (first plan,
+    /// ops).
     since: usize,
     first: usize,
+    first_compiled: bool,
     steps: Vec<(usize, usize)>,
 }
 
@@ -298,6 +300,7 @@ impl Trace {
             spare: std::mem::take(&mut t.spare),
             since: t.since,
             first: t.first,
+            first_compiled: t.first_compiled,
             steps: std::mem::take(&mut t.steps),
             ..Trace::default()
         }
@@ -308,13 +311,17 @@ impl Trace {
     /// unless it is a single op. Cut at each repeat, a one-op step would
     /// make every later use of its op a program of its own (`x = a + b`
     /// read once, then in a loop: 6.7 µs per op against 1.4 recorded).
+    /// A compiled graph's call is a whole program by itself, so a step of
+    /// one is met too: an unread loop of calls (inference under
+    /// `torch.compile`) runs the program a read call compiled, where it
+    /// fused calls in pairs, a program more to compile in the loop.
     fn end_step(&mut self, reason: Reason) {
         if matches!(reason, Reason::Part | Reason::Size) || self.since == 0 {
             return;
         }
         let step = (self.first, self.since);
         self.since = 0;
-        if step.1 > 1 && !self.steps.contains(&step) {
+        if (step.1 > 1 || self.first_compiled) && !self.steps.contains(&step) {
             if self.steps.len() == 8 {
                 self.steps.remove(0);
             }
@@ -509,6 +516,7 @@ pub fn record(plan: &Arc<Plan>, args: &[Arg], device: usize, out: &mut Vec<Value
     t.flops += plan.flops;
     if t.since == 0 {
         t.first = Arc::as_ptr(plan) as usize;
+        t.first_compiled = plan.compiled;
     }
     t.since += 1;
     for ty in plan.stored.iter() {
