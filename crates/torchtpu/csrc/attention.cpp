@@ -138,7 +138,7 @@ using Gradients = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
 // Each gradient laid out as empty_like of its input (the meta function's).
 Gradients fused_attention_backward(const at::Tensor& grad, const at::Tensor& q, const at::Tensor& k,
                                    const at::Tensor& v, const at::Tensor& bias, std::array<bool, 4> wanted,
-                                   const at::Tensor& /*out*/, const at::Tensor& /*logsumexp*/,
+                                   const at::Tensor& out, const at::Tensor& logsumexp,
                                    const at::Tensor& /*cum_seq_q*/, const at::Tensor& /*cum_seq_k*/,
                                    c10::SymInt /*max_q*/, c10::SymInt /*max_k*/, double dropout_p, bool is_causal,
                                    const at::Tensor& philox_seed, const at::Tensor& philox_offset,
@@ -147,14 +147,15 @@ Gradients fused_attention_backward(const at::Tensor& grad, const at::Tensor& q, 
   static auto op = c10::Dispatcher::singleton()
                        .findSchemaOrThrow("torchtpu::attention_backward", "")
                        .typed<Gradients(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                                        const std::optional<at::Tensor>&, c10::ArrayRef<bool>, double, bool,
-                                        std::optional<double>, const at::Tensor&, const at::Tensor&,
+                                        const std::optional<at::Tensor>&, const at::Tensor&, const at::Tensor&,
+                                        c10::ArrayRef<bool>, double, bool, std::optional<double>, const at::Tensor&,
+                                        const at::Tensor&,
                                         c10::IntArrayRef, c10::IntArrayRef, c10::IntArrayRef, c10::IntArrayRef)>();
   std::optional<at::Tensor> b = bias.defined() ? std::optional<at::Tensor>(bias) : std::nullopt;
   auto lq = Layout::like(q), lk = Layout::like(k), lv = Layout::like(v);
   auto lb = bias.defined() ? Layout::like(bias) : Layout({});
-  auto [dq, dk, dv, db] = op.call(grad, q, k, v, b, wanted, dropout_p, is_causal, scale, philox_seed, philox_offset,
-                                  lq.order, lk.order, lv.order, lb.order);
+  auto [dq, dk, dv, db] = op.call(grad, q, k, v, b, out, logsumexp, wanted, dropout_p, is_causal, scale, philox_seed,
+                                  philox_offset, lq.order, lk.order, lv.order, lb.order);
   return {lq.view(dq, q.sizes()), lk.view(dk, k.sizes()), lv.view(dv, v.sizes()),
           bias.defined() ? lb.view(db, bias.sizes()) : db};
 }
@@ -174,10 +175,11 @@ TORCH_LIBRARY_FRAGMENT(torchtpu, m) {
         "float? scale, int[] layout) -> (Tensor output, Tensor logsumexp, Tensor philox_seed, "
         "Tensor philox_offset)");
   // Its gradients (those grad_input_mask asks for, else undefined), each
-  // with its dimensions in its layout's order.
+  // with its dimensions in its layout's order, from the forward's output
+  // and log-sum-exp.
   m.def("attention_backward(Tensor grad_out, Tensor query, Tensor key, Tensor value, Tensor? attn_bias, "
-        "bool[4] grad_input_mask, float dropout_p, bool is_causal, float? scale, Tensor philox_seed, "
-        "Tensor philox_offset, int[] query_layout, int[] key_layout, int[] value_layout, int[] attn_bias_layout) "
+        "Tensor out, Tensor logsumexp, bool[4] grad_input_mask, float dropout_p, bool is_causal, float? scale, "
+        "Tensor philox_seed, Tensor philox_offset, int[] query_layout, int[] key_layout, int[] value_layout, int[] attn_bias_layout) "
         "-> (Tensor grad_query, Tensor grad_key, Tensor grad_value, Tensor grad_attn_bias)");
 }
 

@@ -232,13 +232,16 @@ impl Grouped {
         [self.b, self.hk * self.g, self.l, n]
     }
 
-    /// Reads `name` [B, H, T, n] in the opmath type as [B, Hk, G·T, n]
-    /// (query-shaped operands) or as it is (key-shaped ones).
+    /// Reads `name` [B, H, T, ..] in the opmath type as [B, Hk, G·T, ..]
+    /// (query-shaped operands, and the log-sum-exp [B, Hq, L]) or as it is
+    /// (key-shaped ones).
     fn read(&self, cx: &mut Cx, name: &str) -> Result<V> {
         let x = cx.tensor(name)?;
         let shape = cx.g.ty(x).shape.clone();
         let x = cx.g.convert(x, self.ct);
-        Ok(cx.g.reshape(x, &[shape[0], self.hk, shape[1] / self.hk * shape[2], shape[3]]))
+        let grouped: Vec<i64> =
+            [shape[0], self.hk, shape[1] / self.hk * shape[2]].into_iter().chain(shape[3..].iter().copied()).collect();
+        Ok(cx.g.reshape(x, &grouped))
     }
 }
 
@@ -306,16 +309,23 @@ struct Softmax {
 }
 
 fn softmax_rows(cx: &mut Cx, at: &Grouped, s: V) -> Softmax {
-    let (shape, rows) = (at.scores(), &at.scores()[..3]);
     let max = cx.g.reduce(ReduceKind::Max, s, &[3]);
-    let minus_inf = cx.g.full(f64::NEG_INFINITY, at.ct, rows);
-    let live = cx.g.compare("NE", max, minus_inf);
-    let max = zero_unless(cx, live, max);
-    let max_b = cx.g.broadcast_in_dim(max, &shape, &[0, 1, 2]);
-    let shifted = sub(cx, s, max_b);
-    let e = cx.g.unary("stablehlo.exponential", shifted);
+    let (e, max, live) = exp_less(cx, at, s, max);
     let sum = cx.g.reduce(ReduceKind::Sum, e, &[3]);
     Softmax { e, sum, max, live }
+}
+
+/// `exp(s - shift)` with `shift` [B, Hk, G·L] per row, a row whose shift is
+/// -inf (every position left out) shifted by 0 instead, so that its
+/// exponentials are 0, not NaN; and that shift and which rows are live.
+fn exp_less(cx: &mut Cx, at: &Grouped, s: V, shift: V) -> (V, V, V) {
+    let (shape, rows) = (at.scores(), &at.scores()[..3]);
+    let minus_inf = cx.g.full(f64::NEG_INFINITY, at.ct, rows);
+    let live = cx.g.compare("NE", shift, minus_inf);
+    let shift = zero_unless(cx, live, shift);
+    let shift_b = cx.g.broadcast_in_dim(shift, &shape, &[0, 1, 2]);
+    let shifted = sub(cx, s, shift_b);
+    (cx.g.unary("stablehlo.exponential", shifted), shift, live)
 }
 
 /// `value` [B, Hk, G·L, n] divided by its row's sum, 0 in rows left out.
@@ -413,23 +423,28 @@ fn sum_to_bias(cx: &mut Cx, x: V, bias: &[i64]) -> V {
 }
 
 /// The gradients of query, key, value and attn_bias (those
-/// `grad_input_mask` asks for), from the probabilities P recomputed:
-/// dV = Pᵀ dO, dS = P ∘ (dP - rowsum(P ∘ dP)) with dP = dO Vᵀ,
-/// dQ = scale · dS K, dK = scale · dSᵀ Q, d(attn_bias) = dS; with dropout,
-/// dV takes the dropped P and dP goes through the same dropout (the
-/// forward's key draws the same positions). P is normalized by its own row
-/// sums rather than through the forward's log-sum-exp: XLA may round the
-/// recomputed scores differently from the forward's, and a saturated row
-/// (P = 1 at one position) would then give dS = -ε dP instead of 0.
+/// `grad_input_mask` asks for), as flash attention's backward computes
+/// them: the probabilities P = exp(S - lse) recomputed from the scores and
+/// the forward's log-sum-exp (0 in rows left out), dP = dO Vᵀ,
+/// dS = P ∘ (dP - D) with D = rowsum(dO ∘ O), which equals rowsum(P ∘ dP)
+/// but reads the forward's output [.., L, Ev] instead of two [.., L, S]
+/// values; dV = Pᵀ dO, dQ = scale · dS K, dK = scale · dSᵀ Q,
+/// d(attn_bias) = dS; with dropout, dV takes the dropped P and dP goes
+/// through the same dropout (the forward's key draws the same positions).
+/// Renormalizing P by its recomputed row maximum and sum, then reducing
+/// P ∘ dP, cost three more passes over the scores, what a large model's
+/// step pays on a GPU (bench/RESULTS.md). A saturated row (P = 1 at one
+/// position) keeps a zero gradient up to rounding: its dP there and D are
+/// the same product, dO · v. With bf16/f16 operands D reads the rounded
+/// output, as CUDA's flash attention does.
 fn fused_attention_backward(cx: &mut Cx) -> Result<Vec<V>> {
     let at = Grouped::of(cx)?;
     let wanted = cx.bools("grad_input_mask")?;
     let (qm, km, vm) = (cx.meta("query")?, cx.meta("key")?, cx.meta("value")?);
     let (q, k, v) = (at.read(cx, "query")?, at.read(cx, "key")?, at.read(cx, "value")?);
-    let grad = at.read(cx, "grad_out")?;
+    let (grad, out, lse) = (at.read(cx, "grad_out")?, at.read(cx, "out")?, at.read(cx, "logsumexp")?);
     let (s, scale) = scores(cx, &at, q, k)?;
-    let sm = softmax_rows(cx, &at, s);
-    let p = normalize(cx, &sm, sm.e);
+    let (p, _, _) = exp_less(cx, &at, s, lse);
     let dp = batched(cx, grad, v, 3, 3);
     let (dropped, dp) = if cx.const_f64("dropout_p")? > 0.0 {
         let key = key_of(cx)?;
@@ -438,9 +453,10 @@ fn fused_attention_backward(cx: &mut Cx) -> Result<Vec<V>> {
     } else {
         (p, dp)
     };
-    let pdp = mul(cx, p, dp);
-    let rowsum = reduce_back(cx, ReduceKind::Sum, pdp, &[3]);
-    let centered = sub(cx, dp, rowsum);
+    let grad_by_out = mul(cx, grad, out);
+    let d = cx.g.reduce(ReduceKind::Sum, grad_by_out, &[3]);
+    let d = cx.g.broadcast_in_dim(d, &at.scores(), &[0, 1, 2]);
+    let centered = sub(cx, dp, d);
     let ds = mul(cx, p, centered);
     let ds_scaled = mul(cx, ds, scale);
     let want = |i: usize| wanted.get(i).copied().unwrap_or(true);
