@@ -149,8 +149,8 @@ Gradients fused_attention_backward(const at::Tensor& grad, const at::Tensor& q, 
                        .typed<Gradients(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
                                         const std::optional<at::Tensor>&, const at::Tensor&, const at::Tensor&,
                                         c10::ArrayRef<bool>, double, bool, std::optional<double>, const at::Tensor&,
-                                        const at::Tensor&,
-                                        c10::IntArrayRef, c10::IntArrayRef, c10::IntArrayRef, c10::IntArrayRef)>();
+                                        const at::Tensor&, c10::IntArrayRef, c10::IntArrayRef, c10::IntArrayRef,
+                                        c10::IntArrayRef)>();
   std::optional<at::Tensor> b = bias.defined() ? std::optional<at::Tensor>(bias) : std::nullopt;
   auto lq = Layout::like(q), lk = Layout::like(k), lv = Layout::like(v);
   auto lb = bias.defined() ? Layout::like(bias) : Layout({});
@@ -179,8 +179,8 @@ TORCH_LIBRARY_FRAGMENT(torchtpu, m) {
   // and log-sum-exp.
   m.def("attention_backward(Tensor grad_out, Tensor query, Tensor key, Tensor value, Tensor? attn_bias, "
         "Tensor out, Tensor logsumexp, bool[4] grad_input_mask, float dropout_p, bool is_causal, float? scale, "
-        "Tensor philox_seed, Tensor philox_offset, int[] query_layout, int[] key_layout, int[] value_layout, int[] attn_bias_layout) "
-        "-> (Tensor grad_query, Tensor grad_key, Tensor grad_value, Tensor grad_attn_bias)");
+        "Tensor philox_seed, Tensor philox_offset, int[] query_layout, int[] key_layout, int[] value_layout, "
+        "int[] attn_bias_layout) -> (Tensor grad_query, Tensor grad_key, Tensor grad_value, Tensor grad_attn_bias)");
 }
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
