@@ -148,7 +148,10 @@ def _detection(device, steps):
 
     if device == "tpu":
         import torchtpu
-    compilations = (lambda: torchtpu.metrics()["compilations"]) if device == "tpu" else (lambda: 0)
+    # Compilations, and those of them that made a bucketed program: a count
+    # met in a bucket for the first time.
+    counts = (lambda: (torchtpu.metrics()["compilations"], torchtpu.metrics()["bucketed_programs"])) \
+        if device == "tpu" else (lambda: (0, 0))
     torch.manual_seed(0)
     # The samplers' budgets take every box, so that which boxes a step trains
     # on does not depend on the random stream (tpu's is not CPU's).
@@ -161,9 +164,9 @@ def _detection(device, steps):
     targets = [dict(boxes=torch.tensor([[10., 20., 60., 90.], [30., 30., 100., 110.]]), labels=torch.tensor([1, 2])),
                dict(boxes=torch.tensor([[5., 5., 50., 40.]]), labels=torch.tensor([2]))]
     targets = [{k: v.to(device) for k, v in t.items()} for t in targets]
-    seconds, compiled, losses = [], [], []
+    seconds, compiled, bucketed, losses = [], [], [], []
     for step in range(steps):
-        start, before = time.perf_counter(), compilations()
+        start, before = time.perf_counter(), counts()
         torch.manual_seed(100 + step)
         loss = sum(model(images, targets).values())
         opt.zero_grad()
@@ -171,9 +174,12 @@ def _detection(device, steps):
         opt.step()
         losses.append(loss.item())
         seconds.append(time.perf_counter() - start)
-        compiled.append(compilations() - before)
+        after = counts()
+        compiled.append(after[0] - before[0])
+        bucketed.append(after[1] - before[1])
     fallbacks = torchtpu.metrics()["fallbacks"] if device == "tpu" else {}
-    return {"seconds": seconds, "compilations": compiled, "losses": losses, "fallbacks": fallbacks}
+    return {"seconds": seconds, "compilations": compiled, "new buckets": bucketed, "losses": losses,
+            "fallbacks": fallbacks}
 
 
 def _child(what, *args, dynamic="1"):

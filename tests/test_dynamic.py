@@ -385,18 +385,20 @@ def test_data_dependent_sorts_and_the_rest_of_a_budget_compile_per_bucket(tmp_pa
 def test_a_detection_model_trains_with_cpus_losses_and_settles(tmp_path):
     """torchvision's `fasterrcnn_mobilenet_v3_large_fpn` (2 images of 128x128,
     `bench/dynamic.py detection`'s workload) trains on tpu with CPU's losses,
-    no fallback (nms, roi_align and its backward lowered) and no compilation
-    in steps 8 and 9, while the counts of proposals, positives and negatives read
-    from the device change every step. Its samplers take every box, so which
+    no fallback (nms, roi_align and its backward lowered), and from step 4
+    no compilation but a bucketed program for sizes met in a bucket (or a
+    combination of buckets) for the first time, while the counts of proposals,
+    positives and negatives read from the device change every step. Its samplers take every box, so which
     boxes a step trains on does not depend on the random stream. From step 4
     the model is chaotic: CPU itself, its weights scaled by 1 + 1e-7 noise,
     drifts 2e-4 from its own losses at step 4 and 1% at step 6, as tpu does.
     XLA's rounding is not CPU's: on a 2-core Xeon (AVX-512) tpu is already 2e-4
     off at step 3, where an AMD EPYC stayed within 2e-5. So the first two steps
     are held to float rounding, the third to 1e-3, the rest to 2%. Where
-    the chaos takes a count across a bucket's edge (257-264 proposals on a
-    2-core Xeon, where an AMD EPYC stayed under 256), that bucket compiles
-    once: steps 5 and 7 did there, so the steps checked come later."""
+    the chaos takes a count across a bucket's edge (257-264 proposals), that
+    bucket compiles once, at a step that depends on the machine's rounding
+    (steps 5 and 7 on a 2-core Xeon, 4 and 8 on an AMD EPYC); most steps
+    compile nothing."""
     r = run(f"""
         import json, sys
         sys.path.insert(0, {os.path.join(os.path.dirname(__file__), "..", "bench")!r})
@@ -405,7 +407,9 @@ def test_a_detection_model_trains_with_cpus_losses_and_settles(tmp_path):
     """, TORCHTPU_CACHE_DIR=str(tmp_path))
     tpu, cpu = r
     assert not tpu["fallbacks"], tpu["fallbacks"]
-    assert tpu["compilations"][7:] == [0] * 2, tpu["compilations"]
+    late = list(zip(tpu["compilations"], tpu["new buckets"]))[3:]
+    assert all(compiled <= bucketed for compiled, bucketed in late), tpu
+    assert sum(compiled == 0 for compiled, _ in late) >= 3 and sum(c for c, _ in late) <= 6, tpu
     tolerances = [2e-5, 2e-5, 1e-3] + [0.02] * 6
     for step, (got, want, tolerance) in enumerate(zip(tpu["losses"], cpu["losses"], tolerances)):
         assert abs(got - want) <= tolerance * want, (step, tpu["losses"], cpu["losses"])
