@@ -387,9 +387,10 @@ def test_a_detection_model_trains_with_cpus_losses_and_settles(tmp_path):
     `bench/dynamic.py detection`'s workload) trains on tpu with CPU's losses,
     no fallback (nms, roi_align and its backward lowered), and from step 4
     no compilation but a bucketed program for sizes met in a bucket (or a
-    combination of buckets) for the first time, while the counts of proposals,
-    positives and negatives read from the device change every step. Its samplers take every box, so which
-    boxes a step trains on does not depend on the random stream. From step 4
+    combination of buckets) for the first time, while the counts of
+    proposals, positives and negatives read from the device change every
+    step. Its samplers take every box, so which boxes a step trains on does
+    not depend on the random stream. From step 4
     the model is chaotic: CPU itself, its weights scaled by 1 + 1e-7 noise,
     drifts 2e-4 from its own losses at step 4 and 1% at step 6, as tpu does.
     XLA's rounding is not CPU's: on a 2-core Xeon (AVX-512) tpu is already 2e-4
@@ -397,7 +398,7 @@ def test_a_detection_model_trains_with_cpus_losses_and_settles(tmp_path):
     are held to float rounding, the third to 1e-3, the rest to 2%. Where
     the chaos takes a count across a bucket's edge (257-264 proposals), that
     bucket compiles once, at a step that depends on the machine's rounding
-    (steps 5 and 7 on a 2-core Xeon, 4 and 8 on an AMD EPYC); most steps
+    (steps 5 and 7 on a 2-core Xeon, step 8 on an AMD EPYC); most steps
     compile nothing."""
     r = run(f"""
         import json, sys
