@@ -148,10 +148,15 @@ def _detection(device, steps):
 
     if device == "tpu":
         import torchtpu
-    # Compilations, and those of them that made a bucketed program: a count
-    # met in a bucket for the first time.
-    counts = (lambda: (torchtpu.metrics()["compilations"], torchtpu.metrics()["bucketed_programs"])) \
-        if device == "tpu" else (lambda: (0, 0))
+
+    def counts():
+        """Compilations, and those of them that made a bucketed program: a
+        count met in a bucket for the first time."""
+        if device != "tpu":
+            return 0, 0
+        m = torchtpu.metrics()
+        return m["compilations"], m["bucketed_programs"]
+
     torch.manual_seed(0)
     # The samplers' budgets take every box, so that which boxes a step trains
     # on does not depend on the random stream (tpu's is not CPU's).
