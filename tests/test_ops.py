@@ -326,3 +326,35 @@ def test_views(request, case, mode):
     assert torchtpu.metrics()["fallbacks"] == {}
     torch.testing.assert_close(to_cpu(actual), expected, equal_nan=True)
     torch.testing.assert_close(tpu.cpu(), cpu, equal_nan=True)
+
+
+LAYOUT_CASES = {
+    "relu": lambda x, y: x.relu(),
+    "add_broadcast": lambda x, y: x + y,
+    "broadcast_first": lambda x, y: y * x,
+    "scalar": lambda x, y: x * 2 + 1,
+    "where": lambda x, y: torch.where(x > 0, x, y),
+    "gelu_backward": lambda x, y: torch.ops.aten.gelu_backward(x, x.sigmoid()),
+    "inplace": lambda x, y: x.clone().add_(y).sigmoid_(),
+    "mixed": lambda x, y: x + x.contiguous(),
+}
+
+
+@pytest.mark.one_mode
+@pytest.mark.parametrize("layout", ["channels_last", "transposed"])
+@pytest.mark.parametrize("case", LAYOUT_CASES)
+def test_elementwise_results_keep_their_operands_layout(case, layout, mode):
+    """An elementwise result is laid out as TensorIterator lays it out on CPU
+    and CUDA: a channels-last or transposed operand keeps its order."""
+    g = torch.Generator().manual_seed(0)
+    if layout == "channels_last":
+        x, y = torch.randn(2, 3, 4, 5, generator=g).to(memory_format=torch.channels_last), torch.randn(5, generator=g)
+    else:
+        x, y = torch.randn(5, 6, generator=g).t(), torch.randn(1, 5, generator=g)
+    expected = LAYOUT_CASES[case](x, y)
+    torchtpu.reset_metrics()
+    actual = LAYOUT_CASES[case](x.to("tpu"), y.to("tpu"))
+    assert torchtpu.metrics()["fallbacks"] == {}
+    assert actual.stride() == expected.stride()
+    torch.testing.assert_close(actual.cpu(), expected)
+    assert actual.cpu().stride() == expected.stride()

@@ -217,7 +217,12 @@ at::Tensor wrap(const TtResult& r) {
   auto t = at::detail::make_tensor<c10::TensorImpl>(
       adopt_storage(r), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
       caffe2::TypeMeta::fromScalarType(static_cast<at::ScalarType>(r.dtype)));
-  t.unsafeGetTensorImpl()->set_sizes_contiguous(c10::IntArrayRef(r.sizes, r.ndim));
+  if (r.strides) {
+    t.unsafeGetTensorImpl()->set_sizes_and_strides(c10::IntArrayRef(r.sizes, r.ndim),
+                                                   c10::IntArrayRef(r.strides, r.ndim));
+  } else {
+    t.unsafeGetTensorImpl()->set_sizes_contiguous(c10::IntArrayRef(r.sizes, r.ndim));
+  }
   return t;
 }
 
@@ -235,7 +240,8 @@ void write_result(const at::Tensor& dst, const TtResult& r) {
   if (!r.storage) return;
   bool whole = dst.scalar_type() == static_cast<at::ScalarType>(r.dtype) && dst.has_storage() &&
                dst.sizes() == c10::IntArrayRef(r.sizes, r.ndim) && dst.storage_offset() == 0 &&
-               dst.is_contiguous() && static_cast<int64_t>(dst.storage().nbytes()) == r.nbytes &&
+               (r.strides ? dst.strides() == c10::IntArrayRef(r.strides, r.ndim) : dst.is_contiguous()) &&
+               static_cast<int64_t>(dst.storage().nbytes()) == r.nbytes &&
                dst.storage().data_ptr().get_context() != nullptr;
   if (!whole) return write_into(dst, wrap(r));
   int status = tt_storage_assign(dst.storage().data_ptr().get_context(), r.storage);

@@ -87,6 +87,7 @@ typedef struct TtResult {
   uint64_t addr;
   int64_t nbytes;
   const int64_t* sizes;
+  const int64_t* strides;  // null: contiguous
   int32_t ndim;
   int32_t dtype;
   int32_t device;

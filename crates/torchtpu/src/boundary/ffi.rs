@@ -29,6 +29,8 @@ pub struct TtResult {
     addr: u64,
     nbytes: i64,
     sizes: *const i64,
+    /// Null where the result is contiguous.
+    strides: *const i64,
     ndim: i32,
     dtype: i32,
     device: i32,
@@ -210,7 +212,7 @@ pub unsafe extern "C" fn tt_op_run(
             let (out, shapes) = &mut *r.borrow_mut();
             out.clear();
             shapes.clear();
-            let mut tys = plan.outputs.iter();
+            let mut tys = plan.outputs.iter().zip(plan.layouts.iter().map(Some).chain(std::iter::repeat(None)));
             for result in storages.drain(..) {
                 let Some(s) = result else {
                     out.push(TtResult {
@@ -218,19 +220,27 @@ pub unsafe extern "C" fn tt_op_run(
                         addr: 0,
                         nbytes: 0,
                         sizes: std::ptr::null(),
+                        strides: std::ptr::null(),
                         ndim: 0,
                         dtype: 0,
                         device: 0,
                     });
                     continue;
                 };
-                let ty = tys.next().expect("a type per defined result");
+                let (ty, layout) = tys.next().expect("a type per defined result");
                 shapes.extend(&ty.shape);
+                // Strides, where given, follow the sizes in `shapes`; the
+                // pointers are set below, once `shapes` stops growing.
+                let strides = layout.and_then(Option::as_ref).map_or(std::ptr::null(), |l| {
+                    shapes.extend(l);
+                    std::ptr::NonNull::dangling().as_ptr()
+                });
                 out.push(TtResult {
                     storage: std::ptr::null_mut(),
                     addr: s.addr,
                     nbytes: s.nbytes,
                     sizes: std::ptr::null(),
+                    strides,
                     ndim: ty.shape.len() as i32,
                     dtype: ty.dtype.to_c10(),
                     device: s.device as i32,
@@ -241,6 +251,10 @@ pub unsafe extern "C" fn tt_op_run(
             for o in out.iter_mut() {
                 o.sizes = shapes[at..].as_ptr();
                 at += o.ndim as usize;
+                if !o.strides.is_null() {
+                    o.strides = shapes[at..].as_ptr();
+                    at += o.ndim as usize;
+                }
             }
             *results = out.as_ptr();
             *nresults = out.len() as i64;
@@ -391,6 +405,7 @@ fn graph_results(storages: Vec<Arc<Storage>>, views: Vec<compiled::View>, out: &
                 addr: s.addr,
                 nbytes: s.nbytes,
                 sizes: std::ptr::null(),
+                strides: std::ptr::null(),
                 ndim: 0,
                 dtype: 0,
                 device: s.device as i32,

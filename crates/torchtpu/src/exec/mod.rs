@@ -87,6 +87,9 @@ pub struct Plan {
     pub outputs: Vec<Ty>,
     /// Those graph outputs' flat types, as recorded results share them.
     pub stored: Vec<Arc<Ty>>,
+    /// The strides of results stored in a permuted order (an elementwise
+    /// op's over a channels-last operand); contiguous where None or absent.
+    pub layouts: Vec<Option<Vec<i64>>>,
     /// Positions of undefined results among the lowering's results (the
     /// graph computes only the others).
     undefined: Vec<usize>,
@@ -133,6 +136,7 @@ impl Plan {
             arg_types: Vec::new(),
             flops: graph.product_flops(),
             stored: stored_types(&graph, outputs.len()),
+            layouts: Vec::new(),
             graph,
             inputs,
             outputs,
@@ -337,10 +341,27 @@ fn build(
     let mut g = std::mem::take(&mut cx.g);
     advice::note(&op.name, &g);
     let logical: Vec<Ty> = outputs.iter().map(|&v| g.ty(v).clone()).collect();
+    // A result laid out in a permuted order is stored in that order.
+    let layouts: Vec<Option<(Vec<i64>, Vec<i64>)>> = logical
+        .iter()
+        .map(|t| {
+            let strides = lower::result_layout(op, args, &t.shape)?;
+            let order = crate::ir::view::View { sizes: &t.shape, strides: &strides, offset: 0, dtype: t.dtype }
+                .memory_order()?;
+            Some((strides, order))
+        })
+        .collect();
     // Values are stored flat, so that a storage's value type never depends
     // on the shape of the op that wrote it last (a training step recorded
     // twice is the same program, whichever op produced each buffer).
-    g.outputs = outputs.iter().map(|&v| g.reshape(v, &[g.ty(v).numel()])).collect();
+    g.outputs = outputs
+        .iter()
+        .zip(&layouts)
+        .map(|(&v, layout)| {
+            let v = layout.as_ref().map_or(v, |(_, order)| g.transpose(v, order));
+            g.reshape(v, &[g.ty(v).numel()])
+        })
+        .collect();
     let mut checks = Vec::new();
     for mut check in std::mem::take(&mut cx.checks) {
         g.outputs.push(check.flag);
@@ -363,6 +384,7 @@ fn build(
             .collect(),
         flops: g.product_flops(),
         stored: stored_types(&g, logical.len()),
+        layouts: layouts.into_iter().map(|l| l.map(|(strides, _)| strides)).collect(),
         graph: g,
         inputs: cx.inputs,
         outputs: logical,

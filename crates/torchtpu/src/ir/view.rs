@@ -40,7 +40,7 @@ impl View<'_> {
     /// When the view's elements tile `numel` consecutive storage elements
     /// (a permutation of a contiguous layout: transposes, permutes): its
     /// dimensions in memory order, outermost first.
-    fn memory_order(&self) -> Option<Vec<i64>> {
+    pub fn memory_order(&self) -> Option<Vec<i64>> {
         let rank = self.sizes.len() as i64;
         if self.is_contiguous() {
             return Some((0..rank).collect());

@@ -36,6 +36,7 @@ mod fold;
 mod grid;
 mod index;
 mod kernel;
+mod layout;
 mod linalg;
 mod loss;
 mod nms;
@@ -113,6 +114,7 @@ fn table() -> impl Iterator<Item = &'static Entry> {
         linalg::ENTRIES,
         loss::ENTRIES,
         nms::ENTRIES,
+        nn::ACTIVATIONS,
         nn::ENTRIES,
         norm::ENTRIES,
         optim::ENTRIES,
@@ -149,8 +151,26 @@ pub fn lowered_names() -> Vec<&'static str> {
 /// shape or dtype, not TensorIterator's that the adapter gives.
 pub fn checks_meta(op: &OpDef) -> bool {
     let within = |family: &[Entry]| family.iter().any(|e| std::ptr::eq(e, op.entry));
-    [elementwise::ENTRIES, nn::ENTRIES, shape::ENTRIES].into_iter().any(within)
+    [elementwise::ENTRIES, nn::ACTIVATIONS, nn::ENTRIES, shape::ENTRIES].into_iter().any(within)
         || ([linalg::ENTRIES, reduce::ENTRIES].into_iter().any(within) && !op.inplace)
+}
+
+/// The strides of an elementwise operator's result of `shape`, laid out as
+/// PyTorch's TensorIterator lays it out ([`layout`]: in a permuted operand's
+/// order); None where contiguous, and for every other operator.
+pub fn result_layout(op: &OpDef, args: &[Arg], shape: &[i64]) -> Option<Vec<i64>> {
+    let elementwise =
+        [elementwise::ENTRIES, nn::ACTIVATIONS].iter().any(|f| f.iter().any(|e| std::ptr::eq(e, op.entry)));
+    if !elementwise {
+        return None;
+    }
+    let operands: Vec<view::View> = (args.iter().zip(&op.args))
+        .filter_map(|(a, def)| match a {
+            Arg::Tensor(t) if !def.is_out => Some(t.view()),
+            _ => None,
+        })
+        .collect();
+    layout::result_strides(shape, &operands)
 }
 
 pub struct ArgDef {

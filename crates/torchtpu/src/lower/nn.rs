@@ -14,7 +14,9 @@ use crate::ir::dtype::{opmath, DType};
 use crate::ir::{ReduceKind, V};
 use crate::lower::args::Tensor;
 
-pub static ENTRIES: &[Entry] = &[
+/// Activations and their gradients: elementwise, their results laid out as
+/// their operands ([`super::result_layout`]).
+pub static ACTIVATIONS: &[Entry] = &[
     op("relu", relu),
     op("threshold_backward", threshold_backward),
     op("gelu", gelu),
@@ -33,6 +35,9 @@ pub static ENTRIES: &[Entry] = &[
     op("hardswish_backward", hardswish_backward),
     op("softplus", softplus),
     op("softplus_backward", softplus_backward),
+];
+
+pub static ENTRIES: &[Entry] = &[
     op("_softmax", |cx| softmax(cx, false)),
     op("_log_softmax", |cx| softmax(cx, true)),
     op("_softmax_backward_data", |cx| softmax_backward(cx, false)),
