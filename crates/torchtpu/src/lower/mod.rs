@@ -150,18 +150,15 @@ pub fn lowered_names() -> Vec<&'static str> {
 /// function's "Bad in-place call" is the message where `self` would change
 /// shape or dtype, not TensorIterator's that the adapter gives.
 pub fn checks_meta(op: &OpDef) -> bool {
-    let within = |family: &[Entry]| family.iter().any(|e| std::ptr::eq(e, op.entry));
-    [elementwise::ENTRIES, nn::ACTIVATIONS, nn::ENTRIES, shape::ENTRIES].into_iter().any(within)
-        || ([linalg::ENTRIES, reduce::ENTRIES].into_iter().any(within) && !op.inplace)
+    op.within(&[elementwise::ENTRIES, nn::ACTIVATIONS, nn::ENTRIES, shape::ENTRIES])
+        || (op.within(&[linalg::ENTRIES, reduce::ENTRIES]) && !op.inplace)
 }
 
 /// The strides of an elementwise operator's result of `shape`, laid out as
 /// PyTorch's TensorIterator lays it out ([`layout`]: in a permuted operand's
 /// order); None where contiguous, and for every other operator.
 pub fn result_layout(op: &OpDef, args: &[Arg], shape: &[i64]) -> Option<Vec<i64>> {
-    let elementwise =
-        [elementwise::ENTRIES, nn::ACTIVATIONS].iter().any(|f| f.iter().any(|e| std::ptr::eq(e, op.entry)));
-    if !elementwise {
+    if !op.within(&[elementwise::ENTRIES, nn::ACTIVATIONS]) {
         return None;
     }
     let operands: Vec<view::View> = (args.iter().zip(&op.args))
@@ -196,6 +193,11 @@ pub struct OpDef {
 }
 
 impl OpDef {
+    /// Whether its entry is one of these families' rows.
+    fn within(&self, families: &[&[Entry]]) -> bool {
+        families.iter().any(|f| f.iter().any(|e| std::ptr::eq(e, self.entry)))
+    }
+
     /// Whether argument `i` is a runtime operand (its value is not part of
     /// the compiled program).
     pub fn is_runtime(&self, i: usize) -> bool {
