@@ -212,7 +212,7 @@ pub unsafe extern "C" fn tt_op_run(
             let (out, shapes) = &mut *r.borrow_mut();
             out.clear();
             shapes.clear();
-            let mut tys = plan.outputs.iter().zip(plan.layouts.iter().map(Some).chain(std::iter::repeat(None)));
+            let mut tys = plan.outputs.iter().zip(&plan.layouts);
             for result in storages.drain(..) {
                 let Some(s) = result else {
                     out.push(TtResult {
@@ -231,7 +231,7 @@ pub unsafe extern "C" fn tt_op_run(
                 shapes.extend(&ty.shape);
                 // Strides, where given, follow the sizes in `shapes`; the
                 // pointers are set below, once `shapes` stops growing.
-                let strides = layout.and_then(Option::as_ref).map_or(std::ptr::null(), |l| {
+                let strides = layout.as_ref().map_or(std::ptr::null(), |l| {
                     shapes.extend(l);
                     std::ptr::NonNull::dangling().as_ptr()
                 });

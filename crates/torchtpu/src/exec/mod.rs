@@ -87,8 +87,8 @@ pub struct Plan {
     pub outputs: Vec<Ty>,
     /// Those graph outputs' flat types, as recorded results share them.
     pub stored: Vec<Arc<Ty>>,
-    /// The strides of results stored in a permuted order (an elementwise
-    /// op's over a channels-last operand); contiguous where None or absent.
+    /// Per result, its strides where it is stored in a permuted order (an
+    /// elementwise op's over a channels-last operand); None: contiguous.
     pub layouts: Vec<Option<Vec<i64>>>,
     /// Positions of undefined results among the lowering's results (the
     /// graph computes only the others).
@@ -136,7 +136,7 @@ impl Plan {
             arg_types: Vec::new(),
             flops: graph.product_flops(),
             stored: stored_types(&graph, outputs.len()),
-            layouts: Vec::new(),
+            layouts: vec![None; outputs.len()],
             graph,
             inputs,
             outputs,

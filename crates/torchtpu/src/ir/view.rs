@@ -28,8 +28,12 @@ impl View<'_> {
 
     /// Row-major without gaps (strides of size-1 dimensions do not matter).
     pub fn is_contiguous(&self) -> bool {
-        let c = contiguous_strides(self.sizes);
-        (0..self.sizes.len()).all(|d| self.sizes[d] == 1 || self.strides[d] == c[d])
+        self.has_strides(&contiguous_strides(self.sizes))
+    }
+
+    /// The view has these strides, but where a dimension's size is 1.
+    pub fn has_strides(&self, strides: &[i64]) -> bool {
+        (0..self.sizes.len()).all(|d| self.sizes[d] == 1 || self.strides[d] == strides[d])
     }
 
     /// The view is the whole storage of `n` elements, in order.

@@ -26,7 +26,7 @@ fn same_shape(shape: &[i64], operands: &[View]) -> Option<Vec<i64>> {
     if operands.iter().all(View::is_contiguous) {
         return Some(contiguous_strides(shape));
     }
-    if matches!(shape.len(), 4 | 5) && operands.iter().all(|o| is_channels_last(o.sizes, o.strides)) {
+    if matches!(shape.len(), 4 | 5) && operands.iter().all(|o| o.has_strides(&channels_last_strides(o.sizes))) {
         return Some(channels_last_strides(shape));
     }
     let first = operands.first()?;
@@ -90,11 +90,6 @@ fn permuted(shape: &[i64], operands: &[View]) -> Vec<i64> {
         next *= shape[d];
     }
     out
-}
-
-fn is_channels_last(sizes: &[i64], strides: &[i64]) -> bool {
-    let expected = channels_last_strides(sizes);
-    (0..sizes.len()).all(|d| sizes[d] == 1 || strides[d] == expected[d])
 }
 
 /// Channels innermost, then the spatial dimensions, then the batch.
