@@ -229,6 +229,52 @@ def test_isposinf_isneginf(mode):
         close(fn(torch.arange(3).to("tpu")), fn(torch.arange(3)))
 
 
+# ------------------------------------------------------------------ channels-last layouts
+
+CL, CL3 = torch.channels_last, torch.channels_last_3d
+
+# name: (fn, operand shapes, their memory formats)
+CHANNELS_LAST_CASES = {
+    "conv_input": (lambda x, w: F.conv2d(x, w, padding=1), [(2, 4, 6, 6), (6, 4, 3, 3)], [CL, None]),
+    "conv_weight": (lambda x, w: F.conv2d(x, w, stride=2), [(2, 4, 6, 6), (6, 4, 3, 3)], [None, CL]),
+    "conv_depthwise": (lambda x, w: F.conv2d(x, w, groups=4), [(2, 4, 6, 6), (4, 1, 3, 3)], [CL, None]),
+    "conv_transposed": (lambda x, w: F.conv_transpose2d(x, w, stride=2), [(2, 4, 5, 5), (4, 3, 3, 3)], [CL, CL]),
+    "conv3d": (lambda x, w: F.conv3d(x, w), [(2, 4, 4, 4, 4), (6, 4, 3, 3, 3)], [CL3, None]),
+    "batch_norm": (lambda x: F.batch_norm(x, None, None, training=True), [(4, 6, 5, 5)], [CL]),
+    "group_norm": (lambda x: F.group_norm(x, 2), [(4, 6, 5, 5)], [CL]),
+    "max_pool": (lambda x: F.max_pool2d(x, 2), [(2, 6, 6, 6)], [CL]),
+    "max_pool3d": (lambda x: F.max_pool3d(x, 2), [(2, 6, 4, 4, 4)], [CL3]),
+    "avg_pool": (lambda x: F.avg_pool2d(x, 2), [(2, 6, 6, 6)], [CL]),
+    "adaptive_avg_pool": (lambda x: F.adaptive_avg_pool2d(x, 3), [(2, 6, 6, 6)], [CL]),
+    "cat": (lambda x, y: torch.cat([x, y], 1), [(2, 6, 4, 4), (2, 3, 4, 4)], [CL, CL]),
+    "cat_mixed": (lambda x, y: torch.cat([x, y], 1), [(2, 6, 4, 4), (2, 3, 4, 4)], [CL, None]),
+}
+
+
+def laid_out(t):
+    """A tensor's strides, size-1 dimensions (whose strides say nothing) left out."""
+    return [s for n, s in zip(t.shape, t.stride()) if n != 1]
+
+
+@pytest.mark.one_mode
+@pytest.mark.parametrize("case", CHANNELS_LAST_CASES)
+def test_channels_last_results_as_on_cpu(case, mode):
+    """Convolutions, batch and group norm, pools and cat lay out their results
+    (and their gradients) channels-last where CPU does, so that a
+    channels-last model stays channels-last past its first convolution."""
+    fn, shapes, formats = CHANNELS_LAST_CASES[case]
+    cpu = [torch.randn(s).contiguous(memory_format=f or torch.contiguous_format).requires_grad_() for s, f in
+           zip(shapes, formats)]
+    tpu = [t.detach().to("tpu").requires_grad_() for t in cpu]
+    expected, actual = fn(*cpu), fn(*tpu)
+    cotangent = torch.randn(expected.shape)
+    expected_grads = torch.autograd.grad(expected, cpu, cotangent)
+    actual_grads = torch.autograd.grad(actual, tpu, cotangent.to("tpu"))
+    for e, a in zip((expected, *expected_grads), (actual, *actual_grads)):
+        assert laid_out(a) == laid_out(e)
+        torch.testing.assert_close(a.cpu(), e.detach(), **CONV_TOL)
+
+
 # ------------------------------------------------------------------ training loops
 
 
@@ -274,7 +320,7 @@ def train(kind, device, steps):
     """Losses of a few training steps from a fixed seed."""
     torch.manual_seed(0)
     g = torch.Generator().manual_seed(1)
-    if kind == "resnet":
+    if kind.startswith("resnet"):
         net = resnet().to(device)
         opt = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9)
         xs, ys = torch.randn(steps, 8, 3, 32, 32, generator=g), torch.randint(0, 10, (steps, 8), generator=g)
@@ -282,10 +328,14 @@ def train(kind, device, steps):
         net = Decoder().to(device)
         opt = torch.optim.AdamW(net.parameters(), lr=1e-3)
         xs, ys = torch.randint(0, 64, (steps, 4, 16), generator=g), torch.randint(0, 64, (steps, 4, 16), generator=g)
+    if kind == "resnet_channels_last":
+        net = net.to(memory_format=torch.channels_last)
     net.train()
     losses = []
     for step in range(steps):
         x, y = xs[step].to(device), ys[step].to(device)
+        if kind == "resnet_channels_last":
+            x = x.contiguous(memory_format=torch.channels_last)
         opt.zero_grad()
         out = net(x)
         loss = F.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1))
@@ -302,4 +352,13 @@ def test_training_matches_cpu(kind, mode):
     torchtpu.reset_metrics()
     actual = train(kind, "tpu", steps)
     assert torchtpu.metrics()["fallbacks"] == {}
+    torch.testing.assert_close(torch.tensor(actual), torch.tensor(expected), rtol=1e-4, atol=0)
+
+
+@pytest.mark.one_mode
+def test_channels_last_training_matches_cpu(mode):
+    """The CNN above with its weights and inputs channels-last: CPU's losses
+    through layers that now give channels-last results."""
+    expected = train("resnet_channels_last", "cpu", 2)
+    actual = train("resnet_channels_last", "tpu", 2)
     torch.testing.assert_close(torch.tensor(actual), torch.tensor(expected), rtol=1e-4, atol=0)

@@ -14,13 +14,19 @@
 //! CPU's error.
 use super::elementwise::{finish, not_implemented};
 use super::pool::{add_windows, spread_slices, window_slices, Window};
-use super::{op, Cx, Entry, UNDEFINED};
+use super::{op, Cx, Entry, Layout, UNDEFINED};
 use crate::error::{Error, Result};
 use crate::ir::dtype::{opmath, DType};
 use crate::ir::{dilated, Conv, ReduceKind, V};
 
-pub static ENTRIES: &[Entry] =
-    &[op("convolution_overrideable", convolution), op("convolution_backward_overrideable", convolution_backward)];
+/// Results are channels-last where the input or the weight is, as CPU's and
+/// cuDNN's kernels give them.
+const LAYOUT: Layout = Layout::Suggested(&["input", "weight"]);
+
+pub static ENTRIES: &[Entry] = &[
+    op("convolution_overrideable", convolution).laid_out(LAYOUT),
+    op("convolution_backward_overrideable", convolution_backward).laid_out(LAYOUT),
+];
 
 /// PyTorch's convolution arguments.
 struct Params {

@@ -1,7 +1,21 @@
-//! The memory layout PyTorch gives an elementwise result: TensorIterator's
-//! rule, so that a channels-last or transposed operand keeps its order
-//! through `relu`, `x + y` or `where`, as on CPU and CUDA.
+//! The memory layouts PyTorch gives results: TensorIterator's rule for
+//! elementwise ones, so that a channels-last or transposed operand keeps its
+//! order through `relu`, `x + y` or `where`, and the channels-last rules of
+//! convolutions, normalizations, pools and `cat`, as on CPU and CUDA.
 use crate::ir::view::{contiguous_strides, View};
+
+/// How an operator that is not elementwise lays its results out: PyTorch's
+/// rule for it (an [`super::Entry`]'s).
+#[derive(Clone, Copy)]
+pub enum Layout {
+    Contiguous,
+    /// Channels-last where one of these operands suggests it
+    /// (`suggest_memory_format()`), for results of its rank: convolutions,
+    /// batch and group norm, 2-d pools.
+    Suggested(&'static [&'static str]),
+    /// Channels-last where every operand suggests it (`cat`).
+    Agreed,
+}
 
 /// The strides of a result of `shape` computed elementwise from `operands`
 /// (broadcast to it); None where they are contiguous.
@@ -26,7 +40,7 @@ fn same_shape(shape: &[i64], operands: &[View]) -> Option<Vec<i64>> {
     if operands.iter().all(View::is_contiguous) {
         return Some(contiguous_strides(shape));
     }
-    if matches!(shape.len(), 4 | 5) && operands.iter().all(|o| o.has_strides(&channels_last_strides(o.sizes))) {
+    if operands.iter().all(is_channels_last) {
         return Some(channels_last_strides(shape));
     }
     let first = operands.first()?;
@@ -92,6 +106,48 @@ fn permuted(shape: &[i64], operands: &[View]) -> Vec<i64> {
     out
 }
 
+/// The strides of a result of `shape` under `rule`, given the operands the
+/// rule reads; None where contiguous.
+pub fn rule_strides(rule: Layout, shape: &[i64], operands: &[View]) -> Option<Vec<i64>> {
+    let suggests = |o: &View| o.sizes.len() == shape.len() && suggests_channels_last(o);
+    let channels_last = match rule {
+        Layout::Contiguous => false,
+        Layout::Suggested(_) => operands.iter().any(suggests),
+        Layout::Agreed => !operands.is_empty() && operands.iter().all(suggests),
+    };
+    let strides = channels_last.then(|| channels_last_strides(shape))?;
+    (strides != contiguous_strides(shape)).then_some(strides)
+}
+
+/// `is_contiguous(memory_format=channels_last{,_3d})` of a 4-d or 5-d view
+/// (size-1 dimensions take any stride, as in c10).
+pub fn is_channels_last(v: &View) -> bool {
+    matches!(v.sizes.len(), 4 | 5) && v.has_strides(&channels_last_strides(v.sizes))
+}
+
+/// PyTorch's `suggest_memory_format()` is channels-last (2d or 3d): the
+/// channel dimension innermost in stride order, c10's reading of ambiguous
+/// strides (size-1 dimensions) as contiguous included.
+pub fn suggests_channels_last(v: &View) -> bool {
+    let (sizes, strides) = (v.sizes, v.strides);
+    let order: &[usize] = match sizes.len() {
+        4 => &[1, 3, 2, 0],
+        5 => &[1, 4, 3, 2, 0],
+        _ => return false,
+    };
+    if strides[1] == 0 {
+        return false;
+    }
+    let mut min = 0;
+    for &d in order {
+        if sizes[d] == 0 || strides[d] < min || (d == 0 && min == strides[1]) {
+            return false;
+        }
+        min = strides[d] * sizes[d].max(1);
+    }
+    true
+}
+
 /// Channels innermost, then the spatial dimensions, then the batch.
 fn channels_last_strides(shape: &[i64]) -> Vec<i64> {
     let n = shape.len();
@@ -126,5 +182,23 @@ mod tests {
         assert_eq!(result_strides(&[6, 5], &[view(&[6, 5], &t), view(&[6, 5], &c)]), Some(t.to_vec()));
         assert_eq!(result_strides(&[6, 5], &[view(&[6, 5], &c), view(&[6, 5], &t)]), None);
         assert_eq!(result_strides(&shape, &[view(&shape, &contiguous_strides(&shape))]), None);
+    }
+
+    #[test]
+    fn channels_last_rules() {
+        let (x, cl) = ([2, 3, 4, 5], [60, 1, 15, 3]);
+        let c = contiguous_strides(&x);
+        // A convolution's result takes channels-last from either operand.
+        let out = [2, 8, 4, 5];
+        let rule = Layout::Suggested(&["input", "weight"]);
+        assert_eq!(rule_strides(rule, &out, &[view(&x, &c), view(&x, &cl)]), Some(vec![160, 1, 40, 8]));
+        assert_eq!(rule_strides(rule, &out, &[view(&x, &c), view(&x, &c)]), None);
+        // `cat` only where all agree.
+        assert_eq!(rule_strides(Layout::Agreed, &out, &[view(&x, &cl), view(&x, &c)]), None);
+        assert_eq!(rule_strides(Layout::Agreed, &out, &[view(&x, &cl), view(&x, &cl)]), Some(vec![160, 1, 40, 8]));
+        // c10 reads [N, 1, 1, 1] and an [N, C, 1, 1] contiguous view as contiguous.
+        assert!(!suggests_channels_last(&view(&[4, 1, 1, 1], &[1, 1, 1, 1])));
+        assert!(!suggests_channels_last(&view(&[4, 8, 1, 1], &[8, 1, 1, 1])));
+        assert!(suggests_channels_last(&view(&x, &cl)));
     }
 }

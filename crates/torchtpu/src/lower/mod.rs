@@ -22,6 +22,7 @@ use crate::error::{Error, Kind, Result};
 use crate::ir::dtype::{result_type, DType, Priority};
 use crate::ir::{view, Graph, Precision, Ty, V};
 use args::{Arg, Tensor};
+pub use layout::Layout;
 
 pub mod args;
 mod attention;
@@ -71,10 +72,20 @@ pub struct Entry {
     pub measure: Option<Lowering>,
     /// Whether the lowering handles complex tensors; others reject them.
     pub complex: bool,
+    /// How its results are laid out in memory (elementwise families aside:
+    /// [`result_layout`]).
+    pub layout: Layout,
 }
 
 pub const fn op(name: &'static str, lower: Lowering) -> Entry {
-    Entry { name, lower, consts: &[], writes: &[], measure: None, complex: false }
+    Entry { name, lower, consts: &[], writes: &[], measure: None, complex: false, layout: Layout::Contiguous }
+}
+
+impl Entry {
+    /// The entry with PyTorch's layout rule for its results.
+    pub const fn laid_out(self, layout: Layout) -> Entry {
+        Entry { layout, ..self }
+    }
 }
 
 pub const fn op_consts(name: &'static str, lower: Lowering, consts: &'static [&'static str]) -> Entry {
@@ -154,20 +165,31 @@ pub fn checks_meta(op: &OpDef) -> bool {
         || (op.within(&[linalg::ENTRIES, reduce::ENTRIES]) && !op.inplace)
 }
 
-/// The strides of an elementwise operator's result of `shape`, laid out as
-/// PyTorch's TensorIterator lays it out ([`layout`]: in a permuted operand's
-/// order); None where contiguous, and for every other operator.
+/// The strides PyTorch gives an operator's result of `shape`: an
+/// elementwise one's as TensorIterator lays it out (in a permuted operand's
+/// order), others' by their entry's [`Layout`]; None where contiguous.
 pub fn result_layout(op: &OpDef, args: &[Arg], shape: &[i64]) -> Option<Vec<i64>> {
-    if !op.within(&[elementwise::ENTRIES, nn::ACTIVATIONS]) {
+    let elementwise = op.within(&[elementwise::ENTRIES, nn::ACTIVATIONS]);
+    if !elementwise && matches!(op.entry.layout, Layout::Contiguous) {
         return None;
     }
+    let read = |name: &str| match op.entry.layout {
+        Layout::Suggested(names) => names.contains(&name),
+        _ => true,
+    };
     let operands: Vec<view::View> = (args.iter().zip(&op.args))
-        .filter_map(|(a, def)| match a {
-            Arg::Tensor(t) if !def.is_out => Some(t.view()),
-            _ => None,
+        .filter(|(_, def)| !def.is_out && read(&def.name))
+        .flat_map(|(a, _)| match a {
+            Arg::Tensor(t) => vec![t.view()],
+            Arg::Tensors(ts) => ts.iter().flatten().map(Tensor::view).collect(),
+            _ => vec![],
         })
         .collect();
-    layout::result_strides(shape, &operands)
+    if elementwise {
+        layout::result_strides(shape, &operands)
+    } else {
+        layout::rule_strides(op.entry.layout, shape, &operands)
+    }
 }
 
 pub struct ArgDef {

@@ -9,21 +9,25 @@
 //! dtype. `eps` and `momentum` are runtime operands.
 use super::elementwise::{not_implemented, round_to};
 use super::nn::{add, div, mul, reduce_back, sub};
-use super::{op, op_writes, Cx, Entry, UNDEFINED};
+use super::{op, op_writes, Cx, Entry, Layout, UNDEFINED};
 use crate::error::{Error, Result};
 use crate::ir::dtype::{opmath, DType};
 use crate::ir::{ReduceKind, V};
 
+/// Batch and group norm's results keep a channels-last input's layout (CPU's
+/// kernels have channels-last loops); layer norm's are contiguous.
+const INPUT: Layout = Layout::Suggested(&["input"]);
+
 pub static ENTRIES: &[Entry] = &[
     // Its schema does not mark the running stats it updates.
-    op_writes("native_batch_norm", batch_norm, &["running_mean", "running_var"]),
-    op("_native_batch_norm_legit", batch_norm),
-    op("_native_batch_norm_legit_no_training", batch_norm),
-    op("native_batch_norm_backward", batch_norm_backward),
+    op_writes("native_batch_norm", batch_norm, &["running_mean", "running_var"]).laid_out(INPUT),
+    op("_native_batch_norm_legit", batch_norm).laid_out(INPUT),
+    op("_native_batch_norm_legit_no_training", batch_norm).laid_out(INPUT),
+    op("native_batch_norm_backward", batch_norm_backward).laid_out(INPUT),
     op("native_layer_norm", layer_norm),
     op("native_layer_norm_backward", layer_norm_backward),
-    op("native_group_norm", group_norm),
-    op("native_group_norm_backward", group_norm_backward),
+    op("native_group_norm", group_norm).laid_out(INPUT),
+    op("native_group_norm_backward", group_norm_backward).laid_out(INPUT),
     op("_weight_norm_interface", weight_norm),
     op("_weight_norm_interface_backward", weight_norm_backward),
 ];

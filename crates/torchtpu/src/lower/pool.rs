@@ -10,28 +10,33 @@
 //! in scan order (NaN wins), as on CPU. Adaptive average pooling is linear
 //! and separable: one small averaging matrix per dimension.
 use super::elementwise::{finish, not_implemented};
+use super::layout::suggests_channels_last;
 use super::nn::{add, mul};
-use super::{op, Cx, Entry};
+use super::{op, Cx, Entry, Layout};
 use crate::error::{Error, Result};
 use crate::ir::dtype::{opmath, DType};
 use crate::ir::{dilated, Precision, ReduceKind, V};
 
+/// What keeps a channels-last input's layout on CPU: max pooling, and 2-d
+/// average and adaptive pooling (their 3-d forms are contiguous there).
+const SELF: Layout = Layout::Suggested(&["self"]);
+
 pub static ENTRIES: &[Entry] = &[
-    op("max_pool2d_with_indices", |cx| max_pool(cx, 2)),
-    op("max_pool3d_with_indices", |cx| max_pool(cx, 3)),
-    op("max_pool2d_with_indices_backward", |cx| max_pool_backward(cx, "max_pool2d_backward", 2)),
-    op("max_pool3d_with_indices_backward", |cx| max_pool_backward(cx, "max_pool3d_backward", 3)),
-    op("adaptive_max_pool2d", |cx| adaptive_max_pool(cx, 2)),
+    op("max_pool2d_with_indices", |cx| max_pool(cx, 2)).laid_out(SELF),
+    op("max_pool3d_with_indices", |cx| max_pool(cx, 3)).laid_out(SELF),
+    op("max_pool2d_with_indices_backward", |cx| max_pool_backward(cx, "max_pool2d_backward", 2)).laid_out(SELF),
+    op("max_pool3d_with_indices_backward", |cx| max_pool_backward(cx, "max_pool3d_backward", 3)).laid_out(SELF),
+    op("adaptive_max_pool2d", |cx| adaptive_max_pool(cx, 2)).laid_out(SELF),
     op("adaptive_max_pool3d", |cx| adaptive_max_pool(cx, 3)),
-    op("adaptive_max_pool2d_backward", |cx| max_pool_backward(cx, "adaptive_max_pool2d_backward", 2)),
+    op("adaptive_max_pool2d_backward", |cx| max_pool_backward(cx, "adaptive_max_pool2d_backward", 2)).laid_out(SELF),
     op("adaptive_max_pool3d_backward", |cx| max_pool_backward(cx, "adaptive_max_pool3d_backward", 3)),
-    op("avg_pool2d", |cx| avg_pool(cx, 2)),
+    op("avg_pool2d", |cx| avg_pool(cx, 2)).laid_out(SELF),
     op("avg_pool3d", |cx| avg_pool(cx, 3)),
-    op("avg_pool2d_backward", |cx| avg_pool_backward(cx, 2)),
+    op("avg_pool2d_backward", |cx| avg_pool_backward(cx, 2)).laid_out(SELF),
     op("avg_pool3d_backward", |cx| avg_pool_backward(cx, 3)),
-    op("_adaptive_avg_pool2d", |cx| adaptive_avg_pool(cx, 2)),
+    op("_adaptive_avg_pool2d", |cx| adaptive_avg_pool(cx, 2)).laid_out(SELF),
     op("_adaptive_avg_pool3d", |cx| adaptive_avg_pool(cx, 3)),
-    op("_adaptive_avg_pool2d_backward", |cx| adaptive_avg_pool_backward(cx, 2)),
+    op("_adaptive_avg_pool2d_backward", |cx| adaptive_avg_pool_backward(cx, 2)).laid_out(SELF),
     op("_adaptive_avg_pool3d_backward", |cx| adaptive_avg_pool_backward(cx, 3)),
 ];
 
@@ -182,31 +187,9 @@ fn lowest(dtype: DType) -> f64 {
     }
 }
 
-/// PyTorch's `suggest_memory_format()` is channels-last (2d or 3d): CPU's
-/// max-pooling kernels run other loops there, named so in their errors.
-fn channels_last(sizes: &[i64], strides: &[i64]) -> bool {
-    let order: &[usize] = match sizes.len() {
-        4 => &[1, 3, 2, 0],
-        5 => &[1, 4, 3, 2, 0],
-        _ => return false,
-    };
-    if strides[1] == 0 {
-        return false;
-    }
-    let mut min = 0;
-    for &d in order {
-        // Ambiguous strides (size-1 dimensions) read as contiguous, as in c10.
-        if sizes[d] == 0 || strides[d] < min || (d == 0 && min == strides[1]) {
-            return false;
-        }
-        min = strides[d] * sizes[d].max(1);
-    }
-    true
-}
-
 /// CPU's "`kernel` not implemented for '`dtype`'" of a max-pooling kernel.
 fn max_pool_unsupported(kernel: &str, t: &crate::lower::args::Tensor) -> Error {
-    let suffix = if channels_last(t.sizes, t.strides) { "_channels_last" } else { "" };
+    let suffix = if suggests_channels_last(&t.view()) { "_channels_last" } else { "" };
     not_implemented(&format!("{kernel}{suffix}"), t.dtype)
 }
 

@@ -9,6 +9,7 @@
 //! they are exactly CPU's, and enter the program as constants. The backward
 //! operators scatter-add the weighted gradient to the same taps.
 use super::elementwise::{finish, not_implemented};
+use super::layout::is_channels_last;
 use super::nn::{add, mul};
 use super::{op_consts, Cx, Entry};
 use crate::error::{Error, Result};
@@ -226,26 +227,6 @@ fn upsample_plan(cx: &Cx, mode: Mode, input: &[i64], output: &[i64], dtype: DTyp
         .collect()
 }
 
-/// `is_contiguous(memory_format=channels_last{,_3d})` of a 4-d or 5-d
-/// tensor (size-1 dimensions take any stride, as in c10).
-fn channels_last_contiguous(sizes: &[i64], strides: &[i64]) -> bool {
-    let order: &[usize] = match sizes.len() {
-        4 => &[1, 3, 2, 0],
-        5 => &[1, 4, 3, 2, 0],
-        _ => return false,
-    };
-    let mut expected = 1;
-    for &d in order {
-        if sizes[d] != 1 {
-            if strides[d] != expected {
-                return false;
-            }
-            expected *= sizes[d];
-        }
-    }
-    true
-}
-
 /// Only nearest modes accept integer inputs (and uint8 only), as on CPU.
 /// Its error names the kernel it picks: a channels-last one for 2-d and
 /// 3-d nearest and (bi/tri)linear modes on channels-last inputs of more
@@ -257,8 +238,8 @@ fn check_dtype(mode: Mode, t: &Tensor, output: &[i64]) -> Result<()> {
         return Ok(());
     }
     let d = output.len();
-    let channels_last = (channels_last_contiguous(t.sizes, t.strides) && t.sizes[1] > 3)
-        || (d == 2 && output.iter().sum::<i64>() <= 128);
+    let channels_last =
+        (is_channels_last(&t.view()) && t.sizes[1] > 3) || (d == 2 && output.iter().sum::<i64>() <= 128);
     let kernel = match (mode, d) {
         (Mode::Nearest | Mode::NearestExact, 2 | 3) if channels_last => format!("upsample_nearest{d}d_channels_last"),
         (Mode::Linear, 2) if channels_last => "upsample_bilinear2d_channels_last".into(),

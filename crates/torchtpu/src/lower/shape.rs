@@ -1,13 +1,13 @@
 //! Operators that rearrange data: concatenation and friends, rolls, triangles.
 use super::reduce::dim_list;
-use super::{op, wrap_dim, Cx, Entry};
+use super::{op, wrap_dim, Cx, Entry, Layout};
 use crate::error::{Error, Result};
 use crate::ir::dtype::DType;
 use crate::ir::{Graph, ReduceKind, V};
 use crate::lower::args::Tensor;
 
 pub static ENTRIES: &[Entry] = &[
-    op("cat", cat),
+    op("cat", cat).laid_out(Layout::Agreed),
     op("flip", flip),
     op("roll", roll),
     op("tril", |cx| triangle(cx, true)),
