@@ -246,6 +246,9 @@ CHANNELS_LAST_CASES = {
     "max_pool3d": (lambda x: F.max_pool3d(x, 2), [(2, 6, 4, 4, 4)], [CL3]),
     "avg_pool": (lambda x: F.avg_pool2d(x, 2), [(2, 6, 6, 6)], [CL]),
     "adaptive_avg_pool": (lambda x: F.adaptive_avg_pool2d(x, 3), [(2, 6, 6, 6)], [CL]),
+    "upsample_bilinear": (lambda x: F.interpolate(x, scale_factor=2, mode="bilinear"), [(2, 6, 4, 4)], [CL]),
+    "upsample_bicubic": (lambda x: F.interpolate(x, scale_factor=2, mode="bicubic"), [(2, 6, 4, 4)], [CL]),
+    "upsample_nearest3d": (lambda x: F.interpolate(x, scale_factor=2), [(2, 6, 3, 3, 3)], [CL3]),
     "cat": (lambda x, y: torch.cat([x, y], 1), [(2, 6, 4, 4), (2, 3, 4, 4)], [CL, CL]),
     "cat_mixed": (lambda x, y: torch.cat([x, y], 1), [(2, 6, 4, 4), (2, 3, 4, 4)], [CL, None]),
 }
@@ -267,7 +270,7 @@ def test_channels_last_results_as_on_cpu(case, mode):
            zip(shapes, formats)]
     tpu = [t.detach().to("tpu").requires_grad_() for t in cpu]
     expected, actual = fn(*cpu), fn(*tpu)
-    cotangent = torch.randn(expected.shape)
+    cotangent = torch.randn_like(expected)  # in the result's layout, as autograd passes it on
     expected_grads = torch.autograd.grad(expected, cpu, cotangent)
     actual_grads = torch.autograd.grad(actual, tpu, cotangent.to("tpu"))
     for e, a in zip((expected, *expected_grads), (actual, *actual_grads)):

@@ -11,7 +11,7 @@
 use super::elementwise::{finish, not_implemented};
 use super::layout::is_channels_last;
 use super::nn::{add, mul};
-use super::{op_consts, Cx, Entry};
+use super::{op_consts, Cx, Entry, Layout};
 use crate::error::{Error, Result};
 use crate::ir::dtype::{opmath, DType};
 use crate::ir::{ReduceKind, V};
@@ -19,26 +19,34 @@ use crate::lower::args::Tensor;
 
 const SCALES: &[&str] = &["scales", "scales_d", "scales_h", "scales_w"];
 
+/// Results keep the layout their input suggests, and most gradients their
+/// grad_output's (not bicubic's or 3-d nearest's), as CPU's meta functions
+/// choose them.
+const INPUT: Layout = Layout::Suggested(&["self"]);
+const GRAD: Layout = Layout::Suggested(&["grad_output"]);
+
 pub static ENTRIES: &[Entry] = &[
-    op_consts("upsample_nearest1d", |cx| upsample(cx, Mode::Nearest, 1), SCALES),
-    op_consts("upsample_nearest2d", |cx| upsample(cx, Mode::Nearest, 2), SCALES),
-    op_consts("upsample_nearest3d", |cx| upsample(cx, Mode::Nearest, 3), SCALES),
-    op_consts("_upsample_nearest_exact1d", |cx| upsample(cx, Mode::NearestExact, 1), SCALES),
-    op_consts("_upsample_nearest_exact2d", |cx| upsample(cx, Mode::NearestExact, 2), SCALES),
-    op_consts("_upsample_nearest_exact3d", |cx| upsample(cx, Mode::NearestExact, 3), SCALES),
-    op_consts("upsample_linear1d", |cx| upsample(cx, Mode::Linear, 1), SCALES),
-    op_consts("upsample_bilinear2d", |cx| upsample(cx, Mode::Linear, 2), SCALES),
-    op_consts("upsample_trilinear3d", |cx| upsample(cx, Mode::Linear, 3), SCALES),
-    op_consts("upsample_bicubic2d", |cx| upsample(cx, Mode::Cubic, 2), SCALES),
-    op_consts("upsample_nearest1d_backward", |cx| upsample_backward(cx, Mode::Nearest), SCALES),
-    op_consts("upsample_nearest2d_backward", |cx| upsample_backward(cx, Mode::Nearest), SCALES),
+    op_consts("upsample_nearest1d", |cx| upsample(cx, Mode::Nearest, 1), SCALES).laid_out(INPUT),
+    op_consts("upsample_nearest2d", |cx| upsample(cx, Mode::Nearest, 2), SCALES).laid_out(INPUT),
+    op_consts("upsample_nearest3d", |cx| upsample(cx, Mode::Nearest, 3), SCALES).laid_out(INPUT),
+    op_consts("_upsample_nearest_exact1d", |cx| upsample(cx, Mode::NearestExact, 1), SCALES).laid_out(INPUT),
+    op_consts("_upsample_nearest_exact2d", |cx| upsample(cx, Mode::NearestExact, 2), SCALES).laid_out(INPUT),
+    op_consts("_upsample_nearest_exact3d", |cx| upsample(cx, Mode::NearestExact, 3), SCALES).laid_out(INPUT),
+    op_consts("upsample_linear1d", |cx| upsample(cx, Mode::Linear, 1), SCALES).laid_out(INPUT),
+    op_consts("upsample_bilinear2d", |cx| upsample(cx, Mode::Linear, 2), SCALES).laid_out(INPUT),
+    op_consts("upsample_trilinear3d", |cx| upsample(cx, Mode::Linear, 3), SCALES).laid_out(INPUT),
+    op_consts("upsample_bicubic2d", |cx| upsample(cx, Mode::Cubic, 2), SCALES).laid_out(INPUT),
+    op_consts("upsample_nearest1d_backward", |cx| upsample_backward(cx, Mode::Nearest), SCALES).laid_out(GRAD),
+    op_consts("upsample_nearest2d_backward", |cx| upsample_backward(cx, Mode::Nearest), SCALES).laid_out(GRAD),
     op_consts("upsample_nearest3d_backward", |cx| upsample_backward(cx, Mode::Nearest), SCALES),
-    op_consts("_upsample_nearest_exact1d_backward", |cx| upsample_backward(cx, Mode::NearestExact), SCALES),
-    op_consts("_upsample_nearest_exact2d_backward", |cx| upsample_backward(cx, Mode::NearestExact), SCALES),
+    op_consts("_upsample_nearest_exact1d_backward", |cx| upsample_backward(cx, Mode::NearestExact), SCALES)
+        .laid_out(GRAD),
+    op_consts("_upsample_nearest_exact2d_backward", |cx| upsample_backward(cx, Mode::NearestExact), SCALES)
+        .laid_out(GRAD),
     op_consts("_upsample_nearest_exact3d_backward", |cx| upsample_backward(cx, Mode::NearestExact), SCALES),
-    op_consts("upsample_linear1d_backward", |cx| upsample_backward(cx, Mode::Linear), SCALES),
-    op_consts("upsample_bilinear2d_backward", |cx| upsample_backward(cx, Mode::Linear), SCALES),
-    op_consts("upsample_trilinear3d_backward", |cx| upsample_backward(cx, Mode::Linear), SCALES),
+    op_consts("upsample_linear1d_backward", |cx| upsample_backward(cx, Mode::Linear), SCALES).laid_out(GRAD),
+    op_consts("upsample_bilinear2d_backward", |cx| upsample_backward(cx, Mode::Linear), SCALES).laid_out(GRAD),
+    op_consts("upsample_trilinear3d_backward", |cx| upsample_backward(cx, Mode::Linear), SCALES).laid_out(GRAD),
     op_consts("upsample_bicubic2d_backward", |cx| upsample_backward(cx, Mode::Cubic), SCALES),
 ];
 
