@@ -1,7 +1,7 @@
 //! The memory layouts PyTorch gives results: TensorIterator's rule for
 //! elementwise ones, so that a channels-last or transposed operand keeps its
 //! order through `relu`, `x + y` or `where`, and the channels-last rules of
-//! convolutions, normalizations, pools and `cat`, as on CPU and CUDA.
+//! convolutions, normalizations, pools, resizes and `cat`, as on CPU and CUDA.
 use crate::ir::view::{contiguous_strides, View};
 
 /// How an operator that is not elementwise lays its results out: PyTorch's
@@ -11,7 +11,7 @@ pub enum Layout {
     Contiguous,
     /// Channels-last where one of these operands suggests it
     /// (`suggest_memory_format()`), for results of its rank: convolutions,
-    /// batch and group norm, 2-d pools.
+    /// batch and group norm, max pooling, 2-d average pooling, resizes.
     Suggested(&'static [&'static str]),
     /// Channels-last where every operand suggests it (`cat`).
     Agreed,
