@@ -3,7 +3,7 @@ checks a GPU user relies on, and step times side by side (tpu fused, strict
 and compiled vs CUDA eager and Inductor), written to one report.
 
     python bench/gpu.py [--out gpu-report.md] [--workers 8] [--no-suite] [--quick]
-                        [--pairs gpt:tpu-fused,op:jax-jit,...] [--math-attention]
+                        [--pairs gpt:tpu-fused,op:jax-jit,...] [--math-attention] [--channels-last]
 
 Every measurement and check runs in a process of its own: PyTorch holds one
 accelerator per process, so a CUDA process never imports torchtpu (with
@@ -48,7 +48,7 @@ BACKENDS = ["cuda-eager", "cuda-inductor", "tpu-fused", "tpu-strict", "tpu-compi
 
 # ------------------------------------------------------------- one measurement (child)
 
-def _model_and_step(workload, size, device, compiled, backend):
+def _model_and_step(workload, size, device, compiled, backend, channels_last):
     import torch
     import torch.nn as nn
     import torch.nn.functional as F
@@ -73,6 +73,8 @@ def _model_and_step(workload, size, device, compiled, backend):
         net = cnn_model().to(device)
         x = torch.randn(size["batch"], 3, 32, 32, device=device)
         y = torch.randint(0, 10, (size["batch"],), device=device)
+        if channels_last:
+            net, x = net.to(memory_format=torch.channels_last), x.contiguous(memory_format=torch.channels_last)
     model = compile_(net)
     if workload == "infer":
         net.eval()
@@ -141,7 +143,7 @@ def _jax_per_op_us(size):
     return _per_op_us(size, jax.jit(lambda a, b: a + b), a, b, lambda out: out.block_until_ready(), lambda: None)
 
 
-def child(workload, backend, quick, precision, steps):
+def child(workload, backend, quick, precision, steps, channels_last):
     if backend == "jax-jit":
         return _jax_per_op_us(WORKLOADS[workload][2 if quick else 1]) if workload == "op" else {"skipped": "a tiny op only"}
     import torch
@@ -176,7 +178,7 @@ def child(workload, backend, quick, precision, steps):
             result = _generate_rate(size, device, sync, reset_counters,
                                     lambda: torchtpu.metrics() if device == "tpu" else None)
     else:
-        result = _step_times(_model_and_step(workload, size, device, compiled, compile_backend), sync, steps,
+        result = _step_times(_model_and_step(workload, size, device, compiled, compile_backend, channels_last), sync, steps,
                              lambda: torchtpu.metrics()["compilations"] if device == "tpu" else 0)
     if backend.startswith("tpu"):
         metrics = torchtpu.metrics()
@@ -364,6 +366,8 @@ def main():
     parser.add_argument("--precision", default="high", choices=["highest", "high", "medium"])
     parser.add_argument("--math-attention", action="store_true",
                         help="scaled_dot_product_attention through PyTorch's math composite on every backend")
+    parser.add_argument("--channels-last", action="store_true",
+                        help="the CNN's weights and input channels-last on every backend")
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--checks", help="the checks to run, comma-separated (default: all)")
     parser.add_argument("--pairs", help="workload:backend,... to measure, in this order (default: all); "
@@ -374,7 +378,7 @@ def main():
         from torch.nn.attention import SDPBackend, sdpa_kernel
 
         with sdpa_kernel(SDPBackend.MATH) if args.math_attention else contextlib.nullcontext():
-            print(json.dumps(child(*args.child, args.quick, args.precision, args.steps)))
+            print(json.dumps(child(*args.child, args.quick, args.precision, args.steps, args.channels_last)))
         return
 
     os.environ["TORCHTPU_CACHE_DIR"] = tempfile.mkdtemp(prefix="torchtpu-gpu-report-")
@@ -386,6 +390,7 @@ def main():
              f"- plugin: `{plugin}`; CUDA {'available' if cuda else 'not available (reference: CPU eager)'}",
              f"- float32 matmul precision in every process: `{args.precision}`; {args.steps} steps; "
              f"{'math attention; ' if args.math_attention else ''}"
+             f"{'the CNN channels-last; ' if args.channels_last else ''}"
              f"an empty compilation cache", "", "Sizes:", ""]
     lines += [f"- {title}: {size[1 if quick else 0]}" for title, *size in WORKLOADS.values()] + [""]
 
@@ -410,6 +415,7 @@ def main():
     for workload, backend in pairs:
         code, out = _python([__file__, "--child", workload, backend, "--precision", args.precision,
                              *(["--math-attention"] if args.math_attention else []),
+                             *(["--channels-last"] if args.channels_last else []),
                              "--steps", str(args.steps), *(["--quick"] if quick else [])], 1800)
         results[workload, backend] = json.loads(out) if code == 0 else {"error": out}
         print(workload, backend, results[workload, backend], flush=True)
