@@ -4,11 +4,12 @@
 //! convolutions, normalizations, pools, resizes and `cat`, as on CPU and CUDA.
 use crate::ir::view::{contiguous_strides, View};
 
-/// How an operator that is not elementwise lays its results out: PyTorch's
-/// rule for it (an [`super::Entry`]'s).
+/// How an operator lays its results out: PyTorch's rule for it.
 #[derive(Clone, Copy)]
 pub enum Layout {
     Contiguous,
+    /// TensorIterator's, for the elementwise families.
+    Elementwise,
     /// Channels-last where one of these operands suggests it
     /// (`suggest_memory_format()`), for results of its rank: convolutions,
     /// batch and group norm, max pooling, 2-d average pooling, resizes.
@@ -19,7 +20,7 @@ pub enum Layout {
 
 /// The strides of a result of `shape` computed elementwise from `operands`
 /// (broadcast to it); None where they are contiguous.
-pub fn result_strides(shape: &[i64], operands: &[View]) -> Option<Vec<i64>> {
+fn result_strides(shape: &[i64], operands: &[View]) -> Option<Vec<i64>> {
     let n = shape.len();
     if n < 2 || shape.contains(&0) || operands.iter().any(|o| o.sizes.len() > n) {
         return None;
@@ -112,6 +113,7 @@ pub fn rule_strides(rule: Layout, shape: &[i64], operands: &[View]) -> Option<Ve
     let suggests = |o: &View| o.sizes.len() == shape.len() && suggests_channels_last(o);
     let channels_last = match rule {
         Layout::Contiguous => false,
+        Layout::Elementwise => return result_strides(shape, operands),
         Layout::Suggested(_) => operands.iter().any(suggests),
         Layout::Agreed => !operands.is_empty() && operands.iter().all(suggests),
     };

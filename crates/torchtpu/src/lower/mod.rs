@@ -72,8 +72,8 @@ pub struct Entry {
     pub measure: Option<Lowering>,
     /// Whether the lowering handles complex tensors; others reject them.
     pub complex: bool,
-    /// How its results are laid out in memory (elementwise families aside:
-    /// [`result_layout`]).
+    /// How its results are laid out in memory (the elementwise families'
+    /// tables give theirs: [`result_layout`]).
     pub layout: Layout,
 }
 
@@ -165,17 +165,15 @@ pub fn checks_meta(op: &OpDef) -> bool {
         || (op.within(&[linalg::ENTRIES, reduce::ENTRIES]) && !op.inplace)
 }
 
-/// The strides PyTorch gives an operator's result of `shape`: an
-/// elementwise one's as TensorIterator lays it out (in a permuted operand's
-/// order), others' by their entry's [`Layout`]; None where contiguous.
+/// The strides PyTorch gives an operator's result of `shape`: by its entry's
+/// [`Layout`], TensorIterator's for the elementwise families; None where
+/// contiguous.
 pub fn result_layout(op: &OpDef, args: &[Arg], shape: &[i64]) -> Option<Vec<i64>> {
-    let elementwise = op.within(&[elementwise::ENTRIES, nn::ACTIVATIONS]);
-    if !elementwise && matches!(op.entry.layout, Layout::Contiguous) {
-        return None;
-    }
-    let read = |name: &str| match op.entry.layout {
+    let rule = if op.within(&[elementwise::ENTRIES, nn::ACTIVATIONS]) { Layout::Elementwise } else { op.entry.layout };
+    let read = |name: &str| match rule {
+        Layout::Contiguous => false,
         Layout::Suggested(names) => names.contains(&name),
-        _ => true,
+        Layout::Elementwise | Layout::Agreed => true,
     };
     let operands: Vec<view::View> = (args.iter().zip(&op.args))
         .filter(|(_, def)| !def.is_out && read(&def.name))
@@ -185,11 +183,7 @@ pub fn result_layout(op: &OpDef, args: &[Arg], shape: &[i64]) -> Option<Vec<i64>
             _ => vec![],
         })
         .collect();
-    if elementwise {
-        layout::result_strides(shape, &operands)
-    } else {
-        layout::rule_strides(op.entry.layout, shape, &operands)
-    }
+    layout::rule_strides(rule, shape, &operands)
 }
 
 pub struct ArgDef {
