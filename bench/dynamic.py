@@ -10,15 +10,20 @@ by side in one run:
 - windows: a language-model tutorial's epochs (an LSTM trained on
   `source[i:i+35]` at every i, the last window shorter), seconds per epoch
   and compilations, tpu fused (with and without buckets) vs CPU eager;
+- architectures: greedy `generate()` of tiny decoders of fourteen
+  transformers architectures (built from configs), tpu fused vs CPU eager
+  in one process, rounds interleaved: tokens/s, programs and host reads per
+  new token, same tokens;
 - detection: torchvision's `fasterrcnn_mobilenet_v3_large_fpn` training
   steps (2 images of 128x128; proposal and sample counts read from the
   device every step), seconds and compilations per step, tpu fused (with
   and without buckets) vs CPU eager.
 
-    python bench/dynamic.py [generation|training|windows|detection ...]
+    python bench/dynamic.py [generation|training|windows|architectures|detection ...]
 
 Each tpu figure comes from a fresh process (the setting is read at start).
 """
+import copy
 import json
 import os
 import subprocess
@@ -47,6 +52,60 @@ def _generation(device, tokens):
         out = model.generate(prompt, max_new_tokens=tokens, do_sample=False).cpu()
         seconds = time.perf_counter() - start
     return dict(tokens_per_s=tokens / seconds, ids=out.tolist())
+
+
+# Decoder architectures for `architectures`, each shrunk to two layers of
+# width 64 (the keys a config lacks are skipped).
+ARCHITECTURES = ["gpt2", "llama", "mistral", "qwen2", "qwen3", "phi", "gemma", "gemma2", "gpt_neox", "opt", "bloom",
+                 "starcoder2", "olmo", "stablelm"]
+TINY = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, head_dim=16, max_position_embeddings=256, n_embd=64, n_layer=2, n_head=4,
+            n_inner=128, n_positions=256, ffn_dim=128, word_embed_proj_dim=64)
+
+
+def _architectures(tokens=32, rounds=5):
+    """Per architecture: medians over interleaved rounds of CPU eager and
+    tpu fused `generate()` calls on copies of one model, and the last tpu
+    call's programs and host reads per new token (its few set-up reads
+    included)."""
+    import statistics
+
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    import torchtpu
+
+    rows = []
+    for name in ARCHITECTURES:
+        config = AutoConfig.for_model(name)
+        for key, value in TINY.items():
+            if hasattr(config, key):
+                setattr(config, key, value)
+        torch.manual_seed(0)
+        models = {"cpu": AutoModelForCausalLM.from_config(config).eval()}
+        models["tpu"] = copy.deepcopy(models["cpu"]).to("tpu")
+        prompt = torch.randint(3, 500, (1, 12))
+
+        def run(device):
+            start = time.perf_counter()
+            out = models[device].generate(prompt.to(device), max_new_tokens=tokens, min_new_tokens=tokens,
+                                          do_sample=False, pad_token_id=0).cpu()
+            return tokens / (time.perf_counter() - start), out
+
+        run("cpu"), run("tpu")  # warm-up: compilations, caches
+        rates = {"cpu": [], "tpu": []}
+        for _ in range(rounds):
+            rate, expected = run("cpu")
+            rates["cpu"].append(rate)
+            torchtpu.reset_metrics()
+            rate, out = run("tpu")
+            rates["tpu"].append(rate)
+        m = torchtpu.metrics()
+        rows.append(dict(name=name, cpu=statistics.median(rates["cpu"]), tpu=statistics.median(rates["tpu"]),
+                         programs=m["executions"] / tokens, reads=m["flushes"].get("host_read", 0) / tokens,
+                         compilations=m["compilations"], fallbacks=sum(m["fallbacks"].values()),
+                         same=torch.equal(out, expected)))
+    return rows
 
 
 def _per_op_us(device):
@@ -203,8 +262,19 @@ def main():
         training()
     if "windows" in parts:
         windows()
+    if "architectures" in parts:
+        architectures()
     if "detection" in parts:
         detection()
+
+
+def architectures():
+    print("architectures (tiny decoders, greedy generate() of 32 new tokens), tokens/s; programs, host reads")
+    print("per new token, and compilations of the timed tpu call:")
+    for r in _child("_architectures"):
+        print(f"  {r['name']:11s} tpu fused {r['tpu']:6.1f}  cpu eager {r['cpu']:6.1f}  tpu/cpu {r['tpu'] / r['cpu']:.2f}x  "
+              f"programs {r['programs']:.2f}  reads {r['reads']:.2f}  compiled {r['compilations']}  fallbacks "
+              f"{r['fallbacks']}  ({'same tokens' if r['same'] else 'TOKENS DIFFER'})")
 
 
 def detection(steps=10):
