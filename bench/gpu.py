@@ -189,6 +189,9 @@ def child(workload, backend, quick, precision, steps, channels_last):
             timed = result["counters"]
             result.update({"ops/token": timed["ops"] / size["new"], "programs/token": timed["executions"] / size["new"],
                            "replays/token": timed["fused_replays"] / size["new"],
+                           # transformers' own reads of device values (5.17, the GPU
+                           # image's, reads a causal mask each token besides the stop check)
+                           "reads/token": timed["flushes"].get("host_read", 0) / size["new"],
                            "compiled while timed": {"tok/s": timed["compilations"]}})
     result.pop("counters", None)
     return result
@@ -348,7 +351,7 @@ def _side_by_side(results, backends):
     for (workload, backend), r in results.items():
         if backend.startswith("tpu") and "compilations" in r:
             extra = "".join(f", {r[k]:.3g} {k}" for k in ("ops/token", "programs/token", "replays/token",
-                                                                "execute us/program") if k in r)
+                                                                "reads/token", "execute us/program") if k in r)
             lines.append(f"- {workload} {backend}: {r['compilations']} compilations, fallbacks {r['fallbacks'] or 'none'}"
                          f"{extra}")
     for (workload, backend), r in results.items():
