@@ -175,6 +175,37 @@ def test_generation_compiles_the_same_programs_for_8_24_and_64_tokens(tmp_path):
     assert r["sampled"][0] == 31, r
 
 
+def test_batched_generation_settles_across_prompt_lengths(tmp_path):
+    """Two prompts at a time: a step reads `input_ids[:, -1:]` out of the
+    flat [2, length] storage as a slice and a pad to a length that grows
+    with it. Prompts of new lengths give CPU's tokens and, once their
+    buckets are met, compile nothing (each step compiled before)."""
+    r = run("""
+        import json, torch, torchtpu
+        from transformers import LlamaConfig, LlamaForCausalLM
+
+        config = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+        torch.manual_seed(0)
+        model = LlamaForCausalLM(config).eval()
+        r = {"equal": [], "compilations": []}
+        with torch.no_grad():
+            for length in (10, 14, 7, 9, 12):
+                prompt = torch.randint(1, 128, (2, length))
+                expected = model.generate(prompt, max_new_tokens=12, do_sample=False, pad_token_id=0)
+                model.to("tpu")
+                before = torchtpu.metrics()["compilations"]
+                out = model.generate(prompt.to("tpu"), max_new_tokens=12, do_sample=False, pad_token_id=0).cpu()
+                r["compilations"].append(torchtpu.metrics()["compilations"] - before)
+                r["equal"].append(torch.equal(out, expected))
+                model.to("cpu")
+        r["bucketed_runs"] = torchtpu.metrics()["bucketed_runs"]
+        print(json.dumps(r))
+    """, TORCHTPU_CACHE_DIR=str(tmp_path))
+    assert all(r["equal"]), r
+    assert r["compilations"][3:] == [0, 0] and r["bucketed_runs"] > 0, r
+
+
 def test_a_bucketed_value_is_unpadded_once_for_its_readers(tmp_path):
     """A value computed in its bucket's padded shape, read by the host three
     times: its unpadded copy becomes the storage's value at the first read."""

@@ -41,6 +41,8 @@ enum Slot {
     Dim(V, usize),
     /// Field `f` (start, limit, stride) of a slice's dimension `d`.
     Slice(V, usize, usize),
+    /// Field `f` (low, high, interior) of a pad's dimension `d`.
+    Pad(V, usize, usize),
     /// An integral constant's value.
     Const(V),
 }
@@ -63,6 +65,16 @@ fn integral(bits: i64, dtype: DType) -> Option<i64> {
     (!dtype.is_complex() && dtype != DType::Bool && bits.abs() < limit).then_some(bits)
 }
 
+/// A slice's or a pad's three fields, per dimension, as integers of the graph.
+fn fields(ints: &mut Vec<i64>, slots: &mut Vec<Slot>, fields: [&Vec<i64>; 3], slot: impl Fn(usize, usize) -> Slot) {
+    for (f, field) in fields.into_iter().enumerate() {
+        for (d, &x) in field.iter().enumerate() {
+            ints.push(x);
+            slots.push(slot(f, d));
+        }
+    }
+}
+
 fn scan(g: &Graph) -> Scan {
     let mut h = FxHasher::default();
     let (mut ints, mut slots) = (Vec::new(), Vec::new());
@@ -70,12 +82,12 @@ fn scan(g: &Graph) -> Scan {
         match &node.op {
             Op::Slice { start, limit, stride } => {
                 "slice".hash(&mut h);
-                for (f, field) in [start, limit, stride].into_iter().enumerate() {
-                    for (d, &x) in field.iter().enumerate() {
-                        ints.push(x);
-                        slots.push(Slot::Slice(v, f, d));
-                    }
-                }
+                fields(&mut ints, &mut slots, [start, limit, stride], |f, d| Slot::Slice(v, f, d));
+            }
+            // A pad to a length (a view read out of a growing flat storage).
+            Op::Pad { low, high, interior } => {
+                "pad".hash(&mut h);
+                fields(&mut ints, &mut slots, [low, high, interior], |f, d| Slot::Pad(v, f, d));
             }
             &Op::Const(bits) => match integral(bits, node.ty.dtype) {
                 Some(x) => {
@@ -629,6 +641,7 @@ struct Builder<'a> {
     dims: Vec<Vec<Formula>>,
     value: FxMap<V, Formula>,
     slice: FxMap<(V, usize, usize), Formula>,
+    pad: FxMap<(V, usize, usize), Formula>,
     /// The changing sizes' parameters and buckets.
     sizes: Vec<V>,
     buckets: Vec<i64>,
@@ -642,12 +655,13 @@ fn dynamic(forms: &[Formula]) -> u64 {
 impl<'a> Builder<'a> {
     fn new(g: &'a Graph, slots: &[Slot], formulas: &[Formula], buckets: &[i64]) -> Builder<'a> {
         let mut dims: Vec<Vec<Formula>> = g.nodes.iter().map(|n| vec![Formula::default(); n.ty.rank()]).collect();
-        let (mut value, mut slice) = (FxMap::default(), FxMap::default());
+        let (mut value, mut slice, mut pad) = (FxMap::default(), FxMap::default(), FxMap::default());
         for (slot, &f) in slots.iter().zip(formulas) {
             match *slot {
                 Slot::Dim(v, d) => dims[v][d] = f,
                 Slot::Const(v) => drop(value.insert(v, f)),
                 Slot::Slice(v, field, d) => drop(slice.insert((v, field, d), f)),
+                Slot::Pad(v, field, d) => drop(pad.insert((v, field, d), f)),
             }
         }
         let mut out = Graph::default();
@@ -655,7 +669,7 @@ impl<'a> Builder<'a> {
             out.param(Ty::new(ty.dtype, &ty.shape)); // shapes fixed in `build`
         }
         let sizes = buckets.iter().map(|_| out.param(Ty::new(DType::I32, &[]))).collect();
-        Builder { g, out, dims, value, slice, sizes, buckets: buckets.to_vec(), computed: FxMap::default() }
+        Builder { g, out, dims, value, slice, pad, sizes, buckets: buckets.to_vec(), computed: FxMap::default() }
     }
 
     /// Each parameter's bounds.
@@ -729,6 +743,45 @@ impl<'a> Builder<'a> {
             }
         }
         x
+    }
+
+    /// Node `v`, a pad whose high padding changes with the sizes (to a
+    /// length that grows with them), of static arrays: padded to the
+    /// result's bounds, the operand's own padding past its real elements
+    /// replaced by the pad value, the real sizes set after. Its low padding
+    /// and interior stay put.
+    fn pad_to_size(&mut self, v: V, low: &[i64], interior: &[i64], args: Vec<V>, want: u64) -> Option<V> {
+        let operand = self.g.nodes[v].args[0];
+        let (bounds, operand_bounds) = (self.ty(v, 0).shape, self.ty(operand, 0).shape);
+        let changing: Vec<usize> = (0..low.len()).filter(|&d| self.dims[operand][d].changes()).collect();
+        let mut high = Vec::with_capacity(low.len());
+        for d in 0..low.len() {
+            let [fl, fh, fi] = [0, 1, 2].map(|f| self.pad[&(v, f, d)]);
+            let moved = fh.changes() || changing.contains(&d);
+            if fl.changes() || fi.changes() || (moved && (low[d] < 0 || interior[d] != 0)) {
+                return None;
+            }
+            let spread = operand_bounds[d] + interior[d] * (operand_bounds[d] - 1).max(0);
+            high.push(bounds[d] - low[d] - spread);
+        }
+        if high.iter().any(|&h| h < 0) {
+            return None;
+        }
+        let (x, value) = (self.static_(args[0]), args[1]);
+        let mut x = self.out.pad(x, value, low, &high, interior);
+        let dtype = self.out.ty(x).dtype;
+        for d in changing {
+            let iota = self.out.iota(DType::I32, &bounds, d);
+            let real = self.size(self.dims[operand][d]);
+            let end = self.int(low[d]);
+            let end = self.out.binary("stablehlo.add", real, end);
+            let end = self.out.broadcast_in_dim(end, &bounds, &[]);
+            let inside = self.out.compare("LT", iota, end);
+            let fill = self.out.convert(value, dtype);
+            let fill = self.out.broadcast_in_dim(fill, &bounds, &[]);
+            x = self.out.select(inside, x, fill);
+        }
+        Some(self.set_sizes(x, v, want))
     }
 
     /// A slice of node `v`'s operand: static where its bounds stay put, else
@@ -1050,6 +1103,12 @@ impl<'a> Builder<'a> {
                     self.out.push(node.op.clone(), args, self.ty(v, want))
                 }
                 &Op::Concatenate(axis) => self.concatenate(v, args, axis as usize, want),
+                Op::Pad { low, interior, .. } if (0..low.len()).any(|d| self.pad[&(v, 1, d)].changes()) => {
+                    match self.pad_to_size(v, low, interior, args, want) {
+                        Some(x) => x,
+                        None => return refuse(&why_not(&node.op)),
+                    }
+                }
                 // Padding goes right after the real elements (checked).
                 Op::Pad { low, high, interior }
                     if (0..low.len())
