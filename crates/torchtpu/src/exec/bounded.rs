@@ -2,8 +2,8 @@
 //! changing size rather than once per size.
 //!
 //! Lowerings only ever see real, static shapes. When a flushed trace misses
-//! the program cache, its graph's integers (sizes, slice bounds, integral
-//! constants) are fitted, across graphs of the same structure up
+//! the program cache, its graph's integers (sizes, slice bounds, pad amounts,
+//! integral constants) are fitted, across graphs of the same structure up
 //! to integers (its *family*), as formulas of the fewest changing sizes that
 //! fit: `a*s + b` of one (from two samples), affine in two, three or four
 //! (the counts a detection model's box sampling keeps per image), and with
