@@ -769,7 +769,7 @@ impl<'a> Builder<'a> {
         }
         let (x, value) = (self.static_(args[0]), args[1]);
         let mut x = self.out.pad(x, value, low, &high, interior);
-        let dtype = self.out.ty(x).dtype;
+        let fill = self.out.broadcast_in_dim(value, &bounds, &[]);
         for d in changing {
             let iota = self.out.iota(DType::I32, &bounds, d);
             let real = self.size(self.dims[operand][d]);
@@ -777,8 +777,6 @@ impl<'a> Builder<'a> {
             let end = self.out.binary("stablehlo.add", real, end);
             let end = self.out.broadcast_in_dim(end, &bounds, &[]);
             let inside = self.out.compare("LT", iota, end);
-            let fill = self.out.convert(value, dtype);
-            let fill = self.out.broadcast_in_dim(fill, &bounds, &[]);
             x = self.out.select(inside, x, fill);
         }
         Some(self.set_sizes(x, v, want))

@@ -170,6 +170,9 @@ pub fn checks_meta(op: &OpDef) -> bool {
 /// contiguous.
 pub fn result_layout(op: &OpDef, args: &[Arg], shape: &[i64]) -> Option<Vec<i64>> {
     let rule = if op.within(&[elementwise::ENTRIES, nn::ACTIVATIONS]) { Layout::Elementwise } else { op.entry.layout };
+    if matches!(rule, Layout::Contiguous) {
+        return None;
+    }
     let read = |name: &str| match rule {
         Layout::Contiguous => false,
         Layout::Suggested(names) => names.contains(&name),
