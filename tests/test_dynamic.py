@@ -206,6 +206,30 @@ def test_batched_generation_settles_across_prompt_lengths(tmp_path):
     assert r["compilations"][3:] == [0, 0] and r["bucketed_runs"] > 0, r
 
 
+def test_a_column_read_at_each_steps_position_of_a_fixed_buffer_is_bucketed(tmp_path):
+    """Beam search reads its step's column of fixed [batch * beams, new
+    tokens] buffers while its cache grows: a view whose chunk passes the
+    storage's end, read as the tail from the step's offset padded back to
+    the storage's length. At the bucket's smallest offset that tail's bound
+    passes the storage's length; only padding is cut there. Each step
+    compiled a program of its own before."""
+    r = run("""
+        import json, torch, torchtpu
+        buf, cache, equal = torch.randn(6, 12), torch.randn(9, 4), []
+        b, c = buf.to("tpu"), cache.to("tpu")
+        for t in range(10, 21):
+            row = torch.randn(1, 4)
+            cache, c = torch.cat([cache, row]), torch.cat([c, row.to("tpu")])
+            want = cache.sum(0) * buf[:, t - 9].sum()
+            equal.append(torch.allclose((c.sum(0) * b[:, t - 9].sum()).cpu(), want, rtol=1e-5, atol=1e-5))
+        m = torchtpu.metrics()
+        print(json.dumps({"equal": equal, "compilations": m["compilations"], "runs": m["bucketed_runs"],
+                          "refusals": m["bucket_refusals"]}))
+    """, TORCHTPU_CACHE_DIR=str(tmp_path))
+    assert all(r["equal"]) and not r["refusals"], r
+    assert r["runs"] >= 8 and r["compilations"] <= 5, r
+
+
 def test_a_bucketed_value_is_unpadded_once_for_its_readers(tmp_path):
     """A value computed in its bucket's padded shape, read by the host three
     times: its unpadded copy becomes the storage's value at the first read."""

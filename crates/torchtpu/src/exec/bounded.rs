@@ -746,10 +746,11 @@ impl<'a> Builder<'a> {
     }
 
     /// Node `v`, a pad whose high padding changes with the sizes (to a
-    /// length that grows with them), of static arrays: padded to the
-    /// result's bounds, the operand's own padding past its real elements
-    /// replaced by the pad value, the real sizes set after. Its low padding
-    /// and interior stay put.
+    /// length that grows with them, or a tail `x[n:]` padded back to its
+    /// storage's length), of static arrays: padded to the result's bounds,
+    /// the operand's own padding past its real elements replaced by the pad
+    /// value, the real sizes set after. A moving low padding or interior is
+    /// refused (no lowering makes one).
     fn pad_to_size(&mut self, v: V, low: &[i64], interior: &[i64], args: Vec<V>, want: u64) -> Option<V> {
         let operand = self.g.nodes[v].args[0];
         let (bounds, operand_bounds) = (self.ty(v, 0).shape, self.ty(operand, 0).shape);
@@ -761,11 +762,11 @@ impl<'a> Builder<'a> {
             if fl.changes() || fi.changes() || (moved && (low[d] < 0 || interior[d] != 0)) {
                 return None;
             }
+            // Negative where the operand's bounds pass the result's (a tail
+            // `x[n:]` of a fixed storage, bounded at the smallest n): only
+            // its padding is cut.
             let spread = operand_bounds[d] + interior[d] * (operand_bounds[d] - 1).max(0);
             high.push(bounds[d] - low[d] - spread);
-        }
-        if high.iter().any(|&h| h < 0) {
-            return None;
         }
         let (x, value) = (self.static_(args[0]), args[1]);
         let mut x = self.out.pad(x, value, low, &high, interior);
@@ -1101,7 +1102,9 @@ impl<'a> Builder<'a> {
                     self.out.push(node.op.clone(), args, self.ty(v, want))
                 }
                 &Op::Concatenate(axis) => self.concatenate(v, args, axis as usize, want),
-                Op::Pad { low, interior, .. } if (0..low.len()).any(|d| self.pad[&(v, 1, d)].changes()) => {
+                Op::Pad { low, interior, .. }
+                    if (0..low.len()).any(|d| (0..3).any(|f| self.pad[&(v, f, d)].changes())) =>
+                {
                     match self.pad_to_size(v, low, interior, args, want) {
                         Some(x) => x,
                         None => return refuse(&why_not(&node.op)),
