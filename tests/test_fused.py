@@ -309,6 +309,22 @@ def test_recompilation_is_explained_with_the_source_line(tmp_path):
     assert "new fused program" in out.stderr
 
 
+def test_recompilation_by_a_view_offset_says_the_types_are_the_same(tmp_path):
+    """Ops whose types match but whose plans differ (here a view's offset)
+    are not described as two different signatures."""
+    out = run_script(tmp_path, """
+        import torch, torchtpu
+        x = torch.randn(40, device="tpu")
+        x.sum().item()
+        for i in (0, 7):
+            (x[i:i + 5] * 2).sum().item()
+        print(torchtpu.metrics()["recompile_reasons"][-1])
+    """, TORCHTPU_CACHE_DIR="", TORCHTPU_DYNAMIC="0")
+    reason = out.stdout.strip()
+    assert "in both, with other values of its non-tensor arguments" in reason, reason
+    assert " here, " not in reason, reason
+
+
 def test_dump_dir_receives_each_new_program(tmp_path):
     """The dumped program also shows what a flush keeps: its outputs are the
     values still alive (x and the sum), not the dead intermediates."""

@@ -1007,6 +1007,13 @@ fn explain(ops: &[(Weak<Plan>, Option<String>)], history: &[Vec<(Weak<Plan>, Opt
         src.as_ref().map_or(String::from(" (set TORCHTPU_LOG=1 for source lines)"), |s| format!(" at {s}"))
     };
     match (ops.get(i), nearest.get(i)) {
+        // Same types: the plans differ in what the description leaves out.
+        (Some((mine, src)), Some((theirs, _))) if describe(mine) == describe(theirs) => format!(
+            "op {i} differs from the nearest cached program: {} in both, with other values of its \
+             non-tensor arguments (a view's offset or strides, a number, a list of sizes or indices); recorded{}",
+            describe(mine),
+            at(src)
+        ),
         (Some((mine, src)), Some((theirs, _))) => format!(
             "op {i} differs from the nearest cached program: {} here, {} there; recorded{}",
             describe(mine),
