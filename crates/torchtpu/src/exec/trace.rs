@@ -1007,19 +1007,19 @@ fn explain(ops: &[(Weak<Plan>, Option<String>)], history: &[Vec<(Weak<Plan>, Opt
         src.as_ref().map_or(String::from(" (set TORCHTPU_LOG=1 for source lines)"), |s| format!(" at {s}"))
     };
     match (ops.get(i), nearest.get(i)) {
-        // Same types: the plans differ in what the description leaves out.
-        (Some((mine, src)), Some((theirs, _))) if describe(mine) == describe(theirs) => format!(
-            "op {i} differs from the nearest cached program: {} in both, with other values of its \
-             non-tensor arguments (a view's offset or strides, a number, a list of sizes or indices); recorded{}",
-            describe(mine),
-            at(src)
-        ),
-        (Some((mine, src)), Some((theirs, _))) => format!(
-            "op {i} differs from the nearest cached program: {} here, {} there; recorded{}",
-            describe(mine),
-            describe(theirs),
-            at(src)
-        ),
+        (Some((mine, src)), Some((theirs, _))) => {
+            let (mine, theirs) = (describe(mine), describe(theirs));
+            // Same types: the plans differ in what the description leaves out.
+            let how = if mine == theirs {
+                format!(
+                    "{mine} in both, with other values of its non-tensor arguments (a view's offset or \
+                     strides, a number, a list of sizes or indices)"
+                )
+            } else {
+                format!("{mine} here, {theirs} there")
+            };
+            format!("op {i} differs from the nearest cached program: {how}; recorded{}", at(src))
+        }
         (Some((mine, src)), None) => format!(
             "the nearest cached program ends after {i} ops; this one goes on with {}{}",
             describe(mine),
