@@ -27,14 +27,9 @@ import torchtpu
 CPU_PLUGIN = torchtpu._plugin.find_plugin()[1]
 
 
-# torch 2.15's c10d: backend options that carry the group, Python subclasses
-# of Backend; torchtpu refuses tpu groups before it.
-C10D_FOR_TPU = hasattr(torch._C._distributed_c10d._DistributedBackendOptions(), "process_group")
-
-
-def require_tpu_groups():
-    if not C10D_FOR_TPU:
-        pytest.skip(f"torch {torch.__version__} refuses tpu groups (test_old_torch_refuses_tpu_groups_clearly)")
+# torch 2.15 makes gloo groups through a registered creator, which torchtpu
+# wraps so that gloo carries tpu tensors too; 2.11 has none to wrap.
+GLOO_CARRIES_TPU = hasattr(torch.distributed.distributed_c10d, "_create_gloo_process_group")
 
 
 def require_autoload():

@@ -93,6 +93,7 @@ fn main() {
         "csrc/host_allocator.cpp",
         "csrc/kernel.cpp",
         "csrc/precision.cpp",
+        "csrc/python_backend.cpp",
         "csrc/store.cpp",
     ];
     let mut build = cc::Build::new();

@@ -5,6 +5,13 @@ with no backend, `init_process_group("pjrt")` and `"cpu:gloo,tpu:pjrt"` all
 give tpu tensors this backend (CPU tensors keep gloo). It is a Python c10d
 backend (PyTorch's PyBackend trampoline, as `torch.distributed._nccl4py`).
 
+On torch before 2.15 (2.11: the GPU images'), whose c10d neither lets Python
+subclass its Backend nor hands a backend's creator its group, the same
+backend is a plain Python object carried by the adapter's c10d Backend
+(csrc/python_backend.cpp), and the group is the one the creator's caller is
+making. Only a group that names gloo alone ("gloo") carries CPU tensors only
+there: 2.11 makes gloo groups without a creator to wrap.
+
 MPMD by construction: a rank's own programs never contain a cross-rank op.
 A collective first runs what fused mode has recorded (reading the inputs
 does), then runs on its own, so ranks may run different code, shapes and
@@ -30,6 +37,7 @@ import collections
 import ctypes
 import datetime
 import os
+import sys
 
 import torch
 import torch.distributed as dist
@@ -43,11 +51,14 @@ from torch._C._distributed_c10d import (
     ReduceOptions,
     ReduceScatterOptions,
     ScatterOptions,
+    _DistributedBackendOptions,
 )
 
 from . import _C, _plugin
 
 NAME = "pjrt"
+# Whether this torch takes Python backends as they are (2.15), see above.
+NATIVE = hasattr(_DistributedBackendOptions(), "process_group")
 # The global id of each process's device, by rank in the default group (`_C.join`).
 _world_devices = []
 
@@ -126,6 +137,21 @@ class _Pending(dist._Work):
         return _Done(self._tensors).get_future()
 
 
+class _SentToSelf:
+    """What a rank sent itself under one tag, as the transfer its receive
+    waits on (NCCL takes sends to oneself; gloo has no pair for them)."""
+
+    def __init__(self, queue):
+        self.queue = queue
+
+    def wait(self):
+        if not self.queue:
+            raise RuntimeError("torchtpu: a receive from this rank itself, with no send to it before its wait")
+
+    def is_completed(self):
+        return bool(self.queue)
+
+
 class _Staging:
     """Host tensors handed to gloo. Copies of tpu tensors reuse buffers
     across collectives (a fresh large allocation costs a page fault per
@@ -193,7 +219,21 @@ def _write(tensors, values):
             t.copy_(v)
 
 
-class TpuBackend(C10DBackend):
+class _Members:
+    """What c10d's Backend gives its Python subclasses on 2.15, for torch
+    before it (see above)."""
+
+    def __init__(self, rank, size):
+        self._rank, self._size = rank, size
+
+    def rank(self):
+        return self._rank
+
+    def size(self):
+        return self._size
+
+
+class TpuBackend(C10DBackend if NATIVE else _Members):
     """The c10d backend of tpu tensors. `devices`: the global device id of each
     member, in rank order, where collectives run as XLA programs; None where
     gloo carries them (the CPU plugin). `gloo`: a gloo backend of the same
@@ -214,6 +254,7 @@ class TpuBackend(C10DBackend):
         self._mine, self._theirs = self._descriptors
         self._mine_rows = self._mine.numpy().reshape(size, _DESCRIPTOR)
         self._exchange = None
+        self._to_self = collections.defaultdict(collections.deque)  # by tag: what this rank sent itself
 
     @property
     def options(self):
@@ -306,7 +347,7 @@ class TpuBackend(C10DBackend):
         if reduce_op is not None:
             op = _PROGRAM_OPS[reduce_op.op]
             if reduce_op.op == ReduceOp.PREMUL_SUM:
-                scale = float(reduce_op.factor)
+                scale = float(_factor(reduce_op))
         for i, o in zip(inputs, outputs):
             torch.ops.torchtpu.collective(kind, op, scale, root, [], self._devices, [i], [o])
 
@@ -315,7 +356,7 @@ class TpuBackend(C10DBackend):
         """Scales PREMUL_SUM's values in place before gloo sums them (gloo has
         neither PREMUL_SUM nor AVG)."""
         if reduce_op.op == ReduceOp.PREMUL_SUM:
-            factor = reduce_op.factor
+            factor = _factor(reduce_op)
             factor = factor.to("cpu") if isinstance(factor, torch.Tensor) else factor
             for v in values:
                 v.mul_(factor)
@@ -494,12 +535,16 @@ class TpuBackend(C10DBackend):
         return _done([output])
 
     def alltoall(self, output_tensors, input_tensors, opts):
+        """As one all_to_all_single of the tensors flattened and joined (gloo
+        before torch 2.15 has no list form)."""
         agreed = self._check("alltoall", input_tensors, sized=False)
-        outs = self._host(output_tensors)
-        ins = self._host(input_tensors)
+        ins = torch.cat([h.reshape(-1) for h in self._host(input_tensors)])
+        out = self._staging.empty(sum(t.numel() for t in output_tensors), ins.dtype)
         agreed()
-        self._gloo.alltoall(outs, ins, AllToAllOptions()).wait()
-        _write(output_tensors, outs)
+        self._gloo.alltoall_base(out, ins, [t.numel() for t in output_tensors], [t.numel() for t in input_tensors],
+                                 AllToAllOptions()).wait()
+        _write(output_tensors, [o.view(t.shape) for o, t in zip(out.split([t.numel() for t in output_tensors]),
+                                                                 output_tensors)])
         return _done(output_tensors)
 
     def barrier(self, opts):
@@ -513,10 +558,16 @@ class TpuBackend(C10DBackend):
     # next collective reuses while a transfer may still be under way).
 
     def send(self, tensor_list, dst, tag=0):
+        if dst == self.rank():
+            self._to_self[tag].append([t.detach().clone() for t in tensor_list])
+            return _done(tensor_list)
         host = self._staging.hold(t.detach().to("cpu") for t in tensor_list)
         return _Pending(self._gloo.send(host, dst, tag), tensor_list)
 
     def recv(self, tensor_list, src, tag=0):
+        if src == self.rank():
+            sent = _SentToSelf(self._to_self[tag])
+            return _Pending(sent, tensor_list, lambda: _write(tensor_list, sent.queue.popleft()))
         host = self._staging.hold(torch.empty(t.shape, dtype=t.dtype) for t in tensor_list)
         return _Pending(self._gloo.recv(host, src, tag), tensor_list, lambda: _write(tensor_list, host))
 
@@ -532,13 +583,7 @@ def create(opts, backend_options, gloo=None):
     made without naming a CPU backend (`init_process_group()`: PyTorch then
     picks the accelerator's only) takes CPU tensors too, through the same gloo.
     `gloo`: the group's own gloo backend, which this one then shares."""
-    if not hasattr(opts, "process_group"):
-        raise RuntimeError(
-            f"torchtpu: torch.distributed on tpu needs torch 2.15 or newer (this is torch {torch.__version__}, "
-            "whose c10d neither hands a backend its group nor lets Python subclass its Backend). Install the "
-            "torch of torchtpu's requirements.txt, or run the collectives on CPU tensors over gloo."
-        )
-    group, cpu, tpu = opts.process_group, torch.device("cpu"), torch.device("tpu")
+    group, cpu, tpu = opts.process_group if NATIVE else _group_being_made(), torch.device("cpu"), torch.device("tpu")
     made = _backend_of(group, tpu)
     if isinstance(made, TpuBackend):  # "cpu:gloo,tpu:pjrt": gloo's creator made it first
         return made
@@ -557,9 +602,9 @@ def create(opts, backend_options, gloo=None):
         ranks = list(opts.global_ranks_in_group) or range(opts.group_size)
         devices = [_world_devices[r] for r in ranks]
     backend = TpuBackend(opts.store, opts.group_rank, opts.group_size, timeout, devices, gloo=gloo)
-    if _backend_of(group, cpu) is None:
+    if group is not None and _backend_of(group, cpu) is None:
         group._register_backend(cpu, dist.ProcessGroup.BackendType.GLOO, backend._gloo)
-    return backend
+    return backend if NATIVE else _C.python_backend(backend)
 
 
 def create_gloo(gloo_creator, opts, backend_options):
@@ -583,7 +628,25 @@ def refuse_nccl(opts, backend_options):
 
 
 def _backend_of(group, device):
-    """`group`'s backend for `device`'s type, None if it has none."""
+    """`group`'s backend for `device`'s type (ours as the Python object), None
+    if it has none."""
     if group is None or device.type not in {d.type for d in group._device_types}:
         return None
-    return group._get_backend(device)
+    backend = group._get_backend(device)
+    carried = _C.python_backend_impl(backend)  # before 2.15: ours, as its Python object
+    return backend if carried is None else carried
+
+
+def _factor(reduce_op):
+    """PREMUL_SUM's factor (2.11's ReduceOp shows it to the adapter only)."""
+    return reduce_op.factor if NATIVE else _C.premul_factor(reduce_op)
+
+
+def _group_being_made():
+    """The group that torch 2.11's `_new_process_group_helper`, a creator's
+    caller, is making (its `pg`); None where no such caller is found."""
+    frame = sys._getframe(1)
+    while frame is not None and frame.f_code.co_name != "_new_process_group_helper":
+        frame = frame.f_back
+    group = frame.f_locals.get("pg") if frame is not None else None
+    return group if isinstance(group, dist.ProcessGroup) else None

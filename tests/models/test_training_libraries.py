@@ -16,7 +16,7 @@ import torch
 pytest.importorskip("accelerate", reason="pip install --no-deps -r requirements-models.txt")
 pytest.importorskip("lightning", reason="pip install --no-deps -r requirements-models.txt")
 
-from conftest import require_autoload, require_devices, require_tpu_groups  # noqa: E402
+from conftest import require_autoload, require_devices  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -28,7 +28,6 @@ RTOL = 1e-4
 def _launch(command, timeout=300):
     """Runs a launcher command (its processes print runs.RESULT lines; "PORT"
     in it becomes a free port); the results of every process, as printed."""
-    require_tpu_groups()
     require_devices(2)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -247,13 +247,26 @@ fn kernel_register(name: &str, entry: &str, functions: String, inputs: Avals, ou
 }
 
 // The adapter's functions of Python objects: custom kernels' fast path
-// (csrc/kernel.cpp) and the default generators (csrc/generator.cpp).
+// (csrc/kernel.cpp), the default generators (csrc/generator.cpp) and the
+// c10d Backend of older torch (csrc/python_backend.cpp).
 extern "C" {
     fn tt_kernel_table_new() -> i64;
     fn tt_kernel_table_put(table: i64, args: *mut std::ffi::c_void, kernel: i64);
     fn tt_kernel_table_call(table: i64, args: *mut std::ffi::c_void) -> *mut std::ffi::c_void;
     fn tt_default_generator(device: i32) -> *mut std::ffi::c_void;
     fn tt_seed_when_made(device: i32, seed: u64) -> bool;
+    fn tt_python_backend(backend: *mut std::ffi::c_void) -> *mut std::ffi::c_void;
+    fn tt_python_backend_impl(backend: *mut std::ffi::c_void) -> *mut std::ffi::c_void;
+    fn tt_premul_factor(op: *mut std::ffi::c_void) -> *mut std::ffi::c_void;
+}
+
+/// An adapter call's new reference, or the Python error it set.
+fn owned<'py>(py: Python<'py>, out: *mut std::ffi::c_void) -> PyResult<Bound<'py, PyAny>> {
+    if out.is_null() {
+        return Err(PyErr::fetch(py));
+    }
+    // SAFETY: a non-null result is a new reference.
+    Ok(unsafe { Bound::from_owned_ptr(py, out.cast()) })
 }
 
 /// Keeps `seed` for tpu:`device` (-1: all; -2: the current one) until the
@@ -267,12 +280,31 @@ fn seed_when_made(device: i32, seed: u64) -> bool {
 /// tpu:`device`'s default generator, a torch.Generator (csrc/generator.cpp).
 #[pyfunction]
 fn default_generator(py: Python<'_>, device: i32) -> PyResult<Bound<'_, PyAny>> {
-    // SAFETY: the GIL is held; a non-null result is a new reference.
-    let out = unsafe { tt_default_generator(device) };
-    if out.is_null() {
-        return Err(PyErr::fetch(py));
-    }
-    Ok(unsafe { Bound::from_owned_ptr(py, out.cast()) })
+    // SAFETY: the GIL is held.
+    owned(py, unsafe { tt_default_generator(device) })
+}
+
+/// `backend` (torchtpu.distributed's, a Python object) as a c10d Backend, on
+/// a torch whose Python cannot subclass c10d's (before 2.15).
+#[pyfunction]
+fn python_backend<'py>(py: Python<'py>, backend: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+    // SAFETY: `backend` is a live object and the GIL is held.
+    owned(py, unsafe { tt_python_backend(backend.as_ptr().cast()) })
+}
+
+/// The Python object a `python_backend` carries; None for any other object.
+#[pyfunction]
+fn python_backend_impl<'py>(py: Python<'py>, backend: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+    // SAFETY: `backend` is a live object and the GIL is held.
+    owned(py, unsafe { tt_python_backend_impl(backend.as_ptr().cast()) })
+}
+
+/// A PREMUL_SUM ReduceOp's factor, where this torch's Python does not show it
+/// (before 2.15).
+#[pyfunction]
+fn premul_factor<'py>(py: Python<'py>, op: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+    // SAFETY: `op` is a live object and the GIL is held.
+    owned(py, unsafe { tt_premul_factor(op.as_ptr().cast()) })
 }
 
 /// A new table of a custom kernel's lowered call signatures, for its fast
@@ -371,6 +403,9 @@ fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(kernel_table_put, m)?)?;
     m.add_function(wrap_pyfunction!(kernel_call, m)?)?;
     m.add_function(wrap_pyfunction!(default_generator, m)?)?;
+    m.add_function(wrap_pyfunction!(python_backend, m)?)?;
+    m.add_function(wrap_pyfunction!(python_backend_impl, m)?)?;
+    m.add_function(wrap_pyfunction!(premul_factor, m)?)?;
     m.add_function(wrap_pyfunction!(seed_when_made, m)?)?;
     m.add_function(wrap_pyfunction!(cache_export, m)?)?;
     m.add_function(wrap_pyfunction!(cache_import, m)?)?;
