@@ -291,22 +291,33 @@ def test_loaded_programs_stay_within_their_bound(tmp_path):
     assert grown < 100, out.stdout  # 300 programs unbounded: ~900 mappings
 
 
+RECOMPILE_BY_ROWS = """
+import torch, torchtpu
+w = torch.randn(8, 8, device="tpu")
+for rows in (4, 4, 6):
+    x = torch.randn(rows, 8).to("tpu")
+    y = (x @ w).relu()
+    y.sum().item()
+print(torchtpu.metrics()["recompile_reasons"][-1])
+"""
+RECOMPILE_ENV = dict(TORCHTPU_LOG="1", TORCHTPU_CACHE_DIR="", TORCHTPU_DYNAMIC="0")  # a static recompile
+
+
 def test_recompilation_is_explained_with_the_source_line(tmp_path):
-    out = run_script(tmp_path, """
-        import torch, torchtpu
-        w = torch.randn(8, 8, device="tpu")
-        for rows in (4, 4, 6):
-            x = torch.randn(rows, 8).to("tpu")
-            y = (x @ w).relu()
-            y.sum().item()
-        print(torchtpu.metrics()["recompile_reasons"][-1])
-    """, TORCHTPU_LOG="1", TORCHTPU_CACHE_DIR="", TORCHTPU_DYNAMIC="0")  # a static recompile
+    out = run_script(tmp_path, RECOMPILE_BY_ROWS, **RECOMPILE_ENV)
     reason = out.stdout.strip()
     assert "op 0 differs" in reason and "aten::mm" in reason, reason
     assert "(f32[6, 8], f32[8, 8]" in reason.split(" here")[0], reason
     assert "(f32[4, 8], f32[8, 8]" in reason.split(" here")[1].split(" there")[0], reason
     assert "script.py:6" in reason, reason
     assert "new fused program" in out.stderr
+
+
+def test_recompilation_of_python_c_names_its_line():
+    out = subprocess.run([sys.executable, "-c", RECOMPILE_BY_ROWS], capture_output=True, text=True, timeout=300,
+                         env=dict(os.environ, **RECOMPILE_ENV))
+    assert out.returncode == 0, out.stderr
+    assert "at <string>:6" in out.stdout, out.stdout
 
 
 def test_recompilation_by_a_view_offset_says_the_types_are_the_same(tmp_path):

@@ -1003,8 +1003,10 @@ fn explain(ops: &[(Weak<Plan>, Option<String>)], history: &[Vec<(Weak<Plan>, Opt
     let describe = |p: &Weak<Plan>| p.upgrade().map_or_else(|| "an op since freed".to_string(), |p| p.describe());
     let nearest = history.iter().max_by_key(|h| prefix(h)).expect("a compiled program");
     let i = prefix(nearest);
-    let at = |src: &Option<String>| {
-        src.as_ref().map_or(String::from(" (set TORCHTPU_LOG=1 for source lines)"), |s| format!(" at {s}"))
+    let at = |src: &Option<String>| match src {
+        Some(s) => format!(" at {s}"),
+        None if logging() => String::from(" (no source line outside torch and torchtpu)"),
+        None => String::from(" (set TORCHTPU_LOG=1 for source lines)"),
     };
     match (ops.get(i), nearest.get(i)) {
         (Some((mine, src)), Some((theirs, _))) => {
@@ -1189,7 +1191,9 @@ pub fn recorded() -> usize {
     TRACE.lock().unwrap().as_ref().map_or(0, |t| t.records.len())
 }
 
-/// `file.py:42` of the innermost Python frame outside torch and torchtpu.
+/// `file.py:42` of the innermost Python frame outside torch and torchtpu
+/// (`<string>:3` for `python -c`; not Python's frozen modules nor torch.fx's
+/// generated code).
 pub(super) fn source_line() -> Option<String> {
     use pyo3::prelude::*;
     Python::attach(|py| {
@@ -1197,7 +1201,8 @@ pub(super) fn source_line() -> Option<String> {
         loop {
             let code = frame.getattr("f_code").ok()?;
             let file: String = code.getattr("co_filename").ok()?.extract().ok()?;
-            if !file.contains("/torch/") && !file.contains("/torchtpu/") && !file.starts_with('<') {
+            let generated = file.starts_with("<frozen") || file.starts_with("<eval_with_key");
+            if !file.contains("/torch/") && !file.contains("/torchtpu/") && !generated {
                 let line: i64 = frame.getattr("f_lineno").ok()?.extract().ok()?;
                 return Some(format!("{file}:{line}"));
             }
