@@ -22,6 +22,15 @@ fn torch_dir() -> PathBuf {
     PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
 }
 
+/// "major.minor" of the torch in `torch` (its version.py): the core words the
+/// messages that changed between versions as this one does.
+fn torch_version(torch: &Path) -> String {
+    let file = fs::read_to_string(torch.join("version.py")).expect("torch's version.py");
+    let line = file.lines().find(|l| l.starts_with("__version__")).expect("torch's __version__");
+    let version = line.split(['\'', '"']).nth(1).expect("a quoted version");
+    version.split('.').take(2).collect::<Vec<_>>().join(".")
+}
+
 /// Python's C headers (the kernel fast path takes Python arguments).
 fn python_include() -> PathBuf {
     let python = env::var("PYO3_PYTHON").unwrap_or_else(|_| "python3".into());
@@ -118,6 +127,7 @@ fn main() {
     for f in sources.iter().chain(&["csrc/adapter.h", "csrc/ffi.h"]) {
         println!("cargo:rerun-if-changed={f}");
     }
+    println!("cargo:rustc-env=TORCHTPU_TORCH_VERSION={}", torch_version(&torch));
     println!("cargo:rerun-if-changed={}", torch.join("version.py").display());
     println!("cargo:rerun-if-env-changed=TORCH_DIR");
 }

@@ -25,6 +25,13 @@ pub struct Error {
 
 pub type Result<T> = std::result::Result<T, Error>;
 
+/// Whether the torch built against (build.rs) is `major.minor` or newer:
+/// messages that PyTorch reworded follow the version in use.
+pub fn torch_at_least(major: u32, minor: u32) -> bool {
+    let mut parts = env!("TORCHTPU_TORCH_VERSION").split('.').map(|p| p.parse::<u32>().unwrap_or(0));
+    (parts.next().unwrap_or(0), parts.next().unwrap_or(0)) >= (major, minor)
+}
+
 impl Error {
     pub fn runtime(message: impl Into<String>) -> Error {
         Error { kind: Kind::Runtime, message: message.into() }

@@ -27,13 +27,19 @@ pub static ENTRIES: &[Entry] = &[
     op("cholesky_inverse", cholesky_inverse),
 ];
 
-/// Rank and shape checks of `mm`/`addmm` (`what` prefixes the messages).
+/// Rank and shape checks of `mm`/`addmm` (`what` names the op in torch
+/// 2.15's messages; 2.11's name neither the op nor the rank).
 fn check_matrices(m1: &Tensor, m2: &Tensor, what: &str) -> Result<()> {
-    ensure!(m1.sizes.len() == 2, "{what}: self must be a matrix, got {}-D tensor", m1.sizes.len());
-    ensure!(m2.sizes.len() == 2, "{what}: mat2 must be a matrix, got {}-D tensor", m2.sizes.len());
+    let named = crate::error::torch_at_least(2, 15);
+    let (op, sep) = if named { (what, ": ") } else { ("", "") };
+    for (m, name) in [(m1, "self"), (m2, "mat2")] {
+        let rank = m.sizes.len();
+        let got = || if named { format!(", got {rank}-D tensor") } else { String::new() };
+        ensure!(rank == 2, "{op}{sep}{name} must be a matrix{}", got());
+    }
     ensure!(
         m1.sizes[1] == m2.sizes[0],
-        "{what}: mat1 and mat2 shapes cannot be multiplied ({}x{} and {}x{})",
+        "{op}{sep}mat1 and mat2 shapes cannot be multiplied ({}x{} and {}x{})",
         m1.sizes[0],
         m1.sizes[1],
         m2.sizes[0],
