@@ -9,8 +9,8 @@ On torch before 2.15 (2.11: the GPU images'), whose c10d neither lets Python
 subclass its Backend nor hands a backend's creator its group, the same
 backend is a plain Python object carried by the adapter's c10d Backend
 (csrc/python_backend.cpp), and the group is the one the creator's caller is
-making. Only a group that names gloo alone ("gloo") carries CPU tensors only
-there: 2.11 makes gloo groups without a creator to wrap.
+making. There a group that names gloo alone ("gloo", "cpu:gloo") carries CPU
+tensors only: 2.11 makes gloo groups inline, with no creator to wrap.
 
 MPMD by construction: a rank's own programs never contain a cross-rank op.
 A collective first runs what fused mode has recorded (reading the inputs
@@ -538,7 +538,7 @@ class TpuBackend(C10DBackend if NATIVE else _Members):
         """As one all_to_all_single of the tensors flattened and joined (gloo
         before torch 2.15 has no list form)."""
         agreed = self._check("alltoall", input_tensors, sized=False)
-        ins = torch.cat([h.reshape(-1) for h in self._host(input_tensors)])
+        ins = self._staging.pin([torch.cat([h.reshape(-1) for h in self._host(input_tensors)])])[0]
         out = self._staging.empty(sum(t.numel() for t in output_tensors), ins.dtype)
         agreed()
         self._gloo.alltoall_base(out, ins, [t.numel() for t in output_tensors], [t.numel() for t in input_tensors],
