@@ -110,6 +110,49 @@ def test_complex32_is_stored_and_computed_on_cpu():
     assert torchtpu.metrics()["fallbacks"] == {"aten::_copy_from": 2, "aten::mul.Tensor": 1}
 
 
+def test_nested_tensors_keep_views_on_tpu_and_compute_on_cpu():
+    """torch.nested's strided layout on tpu: views share the tpu buffer (as
+    on CPU, a write through one shows in its base), and ops run PyTorch's
+    nested CPU kernels, counted as fallbacks."""
+    parts = [torch.randn(2, 3), torch.randn(4, 3)]
+    on_cpu = torch.nested.nested_tensor(parts)
+    torchtpu.reset_metrics()
+    nt = torch.nested.nested_tensor(parts, device="tpu")
+    assert (nt.is_nested, nt.device.type) == (True, "tpu")
+    first = nt.unbind()[0]
+    first.add_(1)
+    assert torch.equal(nt[0].cpu(), parts[0] + 1)
+    on_cpu[0].add_(1)
+    assert torch.equal(nt.transpose(1, 2)[1].cpu(), parts[1].t())
+    assert torch.equal(nt.transpose(1, 2).contiguous()[1].cpu(), parts[1].t())
+    assert torch.equal(nt.narrow(0, 1, 1)[0].cpu(), parts[1])
+    padded = torch.nested.to_padded_tensor((nt * nt).softmax(-1), -1.0)
+    assert padded.device.type == "tpu"
+    assert torch.equal(padded.cpu(), torch.nested.to_padded_tensor((on_cpu * on_cpu).softmax(-1), -1.0))
+    assert torchtpu.metrics()["fallbacks"] == {"aten::clone": 1, "aten::mul.Tensor": 1, "aten::_softmax": 1,
+                                               "aten::to_padded_tensor": 1}
+
+
+def test_transformer_encoder_packs_padded_batches():
+    """nn.TransformerEncoder in eval mode without grad, given a padding mask,
+    packs the batch into a nested tensor (its default enable_nested_tensor):
+    the layers then run on the CPU, counted, with CPU's values (zeros at the
+    padding)."""
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerEncoderLayer(16, 4, 32, dropout=0.0, batch_first=True)
+    encoder = torch.nn.TransformerEncoder(layer, 2).eval()
+    x = torch.randn(3, 6, 16)
+    padding = torch.zeros(3, 6, dtype=torch.bool)
+    padding[0, 4:] = padding[2, 2:] = True
+    with torch.no_grad():
+        expected = encoder(x, src_key_padding_mask=padding)
+        torchtpu.reset_metrics()
+        got = encoder.to("tpu")(x.to("tpu"), src_key_padding_mask=padding.to("tpu"))
+    assert got.device.type == "tpu"
+    assert torch.equal(got.cpu(), expected)
+    assert torchtpu.metrics()["fallbacks"]["aten::_transformer_encoder_layer_fwd"] == 2
+
+
 def test_module_to():
     m = torch.nn.Linear(4, 3)
     m.to("tpu")

@@ -101,6 +101,7 @@ fn main() {
         "csrc/hooks.cpp",
         "csrc/host_allocator.cpp",
         "csrc/kernel.cpp",
+        "csrc/nested.cpp",
         "csrc/precision.cpp",
         "csrc/python_backend.cpp",
         "csrc/store.cpp",
