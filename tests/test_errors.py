@@ -35,6 +35,16 @@ def test_out_of_range_indices(mode):
     raises_like_cpu(lambda a: a.sum(3), torch.ones(2, 2))
 
 
+def test_bincount_rules(mode):
+    """bincount's checks in CPU's order; a negative value is found on the device."""
+    x = torch.tensor([1, 3, 0])
+    raises_like_cpu(torch.bincount, x - 2)
+    raises_like_cpu(torch.bincount, x.view(1, 3))
+    raises_like_cpu(torch.bincount, x.float())
+    raises_like_cpu(torch.bincount, x, torch.ones(2))
+    raises_like_cpu(lambda a: torch.bincount(a, minlength=-1), x)
+
+
 def test_dtype_rules(mode):
     raises_like_cpu(lambda a, b: torch.add(a, b, out=torch.empty(2, dtype=torch.long, device=a.device)),
                     torch.ones(2), torch.ones(2))

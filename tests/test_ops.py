@@ -38,10 +38,10 @@ OPS = [
     "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh",
     # reductions
     "sum", "prod", "mean", "linalg.vector_norm", "amax", "amin", "max.reduction_no_dim", "max.reduction_with_dim",
-    "min.reduction_no_dim", "min.reduction_with_dim", "argmax", "argmin", "all", "any", "histc",
+    "min.reduction_no_dim", "min.reduction_with_dim", "argmax", "argmin", "all", "any", "histc", "bincount",
     "var", "var.unbiased", "std", "std.unbiased", "cumsum", "cumprod",
     # matrix products
-    "mm", "bmm", "addmm", "addmm.decomposed", "baddbmm", "matmul", "mv", "dot", "addmv",
+    "mm", "bmm", "addmm", "addmm.decomposed", "baddbmm", "matmul", "mv", "dot", "vdot", "linalg.vecdot", "addmv",
     # shapes, indexing, factories
     "cat", "stack", "hstack", "vstack", "flip", "roll", "unfold", "index_select", "index_add", "index_copy", "gather", "take_along_dim",
     "scatter", "scatter_add", "scatter_reduce.sum", "scatter_reduce.prod", "scatter_reduce.mean",

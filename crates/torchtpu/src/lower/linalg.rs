@@ -18,7 +18,10 @@ pub static ENTRIES: &[Entry] = &[
     op("_addmm_activation", addmm_activation),
     op("baddbmm", baddbmm),
     op("addmv", addmv),
-    op("dot", dot),
+    op("dot", |cx| dot(cx, "tensor")),
+    // Real vectors' vdot is their dot, with dot's checks and messages on CPU
+    // too; complex ones (conjugated) take the counted fallback.
+    op("vdot", |cx| dot(cx, "other")),
     op("_grouped_mm", grouped_mm),
     op("linalg_cholesky_ex", cholesky),
     op("linalg_solve_triangular", solve_triangular),
@@ -282,8 +285,9 @@ fn addmv(cx: &mut Cx) -> Result<Vec<V>> {
     finish(cx, r, m.dtype)
 }
 
-fn dot(cx: &mut Cx) -> Result<Vec<V>> {
-    let (a, b) = (cx.meta("self")?, cx.meta("tensor")?);
+/// `dot(self, tensor)` and `vdot(self, other)`: `second` names the operand.
+fn dot(cx: &mut Cx, second: &str) -> Result<Vec<V>> {
+    let (a, b) = (cx.meta("self")?, cx.meta(second)?);
     let (na, nb) = (a.numel(), b.numel());
     ensure!(
         a.sizes.len() == 1 && b.sizes.len() == 1,
@@ -302,7 +306,7 @@ fn dot(cx: &mut Cx) -> Result<Vec<V>> {
         "inconsistent tensor size, expected tensor [{na}] and src [{nb}] to have the same number of elements, but got {na} and {nb} elements respectively"
     );
     no_bool(a.dtype, "dot")?;
-    let p = product(cx, "self", "tensor", "dot")?;
+    let p = product(cx, "self", second, "dot")?;
     finish(cx, p, a.dtype)
 }
 

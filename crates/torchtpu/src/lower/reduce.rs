@@ -1,7 +1,7 @@
 //! Reductions. One rule for dims/keepdim/dtype; float16/bfloat16 accumulate
 //! in float32.
 use super::elementwise::{arith, no_bool, not_implemented};
-use super::{op, op_consts, wrap_dim, Cx, Entry};
+use super::{op, op_consts, op_measured, wrap_dim, Cx, Entry};
 use crate::error::{Error, Kind, Result};
 use crate::ir::dtype::{opmath, DType};
 use crate::ir::{ReduceKind, V};
@@ -27,6 +27,7 @@ pub static ENTRIES: &[Entry] = &[
     op("_cummin_helper", |cx| cumulative_extreme(cx, false)),
     op("_logcumsumexp", logcumsumexp),
     op_consts("histc", histc, &["min", "max"]),
+    op_measured("bincount", bincount, bincount_measure),
 ];
 
 /// The reduced dimensions of a `dim` argument: absent, None or [] mean all.
@@ -551,4 +552,68 @@ fn histc(cx: &mut Cx) -> Result<Vec<V>> {
     let counts = cx.g.select(inside, one, none);
     let hist = cx.g.full(0.0, dtype, &[bins]);
     Ok(vec![cx.g.put(hist, pos, counts, 0, Some(ReduceKind::Sum))])
+}
+
+/// `bincount`'s checks, in CPU's order; the input's length, or None for an
+/// empty input (CPU's int64 zeros of `minlength`, weights or not).
+fn bincount_checks(cx: &Cx) -> Result<Option<i64>> {
+    let t = cx.meta("self")?;
+    if !matches!(t.dtype, DType::U8 | DType::I8 | DType::I16 | DType::I32 | DType::I64) {
+        return Err(not_implemented("bincount_cpu", t.dtype));
+    }
+    if cx.int("minlength")? < 0 {
+        return Err(Error::runtime("minlength should be >= 0"));
+    }
+    if t.sizes.len() == 1 && t.sizes[0] == 0 {
+        return Ok(None);
+    }
+    if t.sizes.len() != 1 {
+        return Err(Error::runtime("bincount only supports 1-d non-negative integral inputs."));
+    }
+    if !cx.is_none("weights") {
+        let w = cx.meta("weights")?;
+        if w.sizes.len() != 1 || w.sizes[0] != t.sizes[0] {
+            return Err(Error::runtime("weights should be 1-d and have the same length as input"));
+        }
+    }
+    Ok(Some(t.sizes[0]))
+}
+
+/// The result's length: the largest value + 1, at least `minlength`.
+fn bincount_measure(cx: &mut Cx) -> Result<Vec<V>> {
+    if bincount_checks(cx)?.is_none() {
+        return Ok(vec![]);
+    }
+    let x = cx.tensor("self")?;
+    let x = cx.g.convert(x, DType::I64);
+    let top = cx.g.reduce(ReduceKind::Max, x, &[0]);
+    let one = cx.g.scalar(1.0, DType::I64);
+    let length = cx.g.binary("stablehlo.add", top, one);
+    let least = cx.g.scalar(cx.int("minlength")? as f64, DType::I64);
+    let length = cx.g.binary("stablehlo.maximum", length, least);
+    Ok(vec![cx.g.reshape(length, &[1])])
+}
+
+/// Counts of each value (int64), or sums of their `weights` (float32 for
+/// float32 weights, float64 for any other), as CPU's kernel computes them.
+fn bincount(cx: &mut Cx) -> Result<Vec<V>> {
+    let Some(n) = bincount_checks(cx)? else {
+        let minlength = cx.int("minlength")?;
+        return Ok(vec![cx.g.full(0.0, DType::I64, &[minlength])]);
+    };
+    let x = cx.tensor("self")?;
+    let x = cx.g.convert(x, DType::I64);
+    let zero = cx.g.full(0.0, DType::I64, &[n]);
+    let negative = cx.g.compare("LT", x, zero);
+    let any = cx.g.reduce(ReduceKind::Or, negative, &[0]);
+    cx.check(any, None, Kind::Runtime, "bincount only supports 1-d non-negative integral inputs.");
+    let (updates, dtype) = match cx.opt_tensor("weights")? {
+        Some(w) => {
+            let dtype = if cx.meta("weights")?.dtype == DType::F32 { DType::F32 } else { DType::F64 };
+            (cx.g.convert(w, dtype), dtype)
+        }
+        None => (cx.g.full(1.0, DType::I64, &[n]), DType::I64),
+    };
+    let bins = cx.g.full(0.0, dtype, &[cx.sizes[0]]);
+    Ok(vec![cx.g.put(bins, x, updates, 0, Some(ReduceKind::Sum))])
 }
