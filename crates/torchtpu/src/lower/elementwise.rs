@@ -66,6 +66,16 @@ pub static ENTRIES: &[Entry] = &[
     op("cos", |cx| float_unary(cx, "stablehlo.cosine")),
     op("tan", |cx| float_unary(cx, "stablehlo.tan")),
     op("erf", |cx| float_unary(cx, "chlo.erf")),
+    op("erfc", |cx| float_unary(cx, "chlo.erfc")),
+    op("erfinv", erfinv),
+    op("lgamma", |cx| float_unary(cx, "chlo.lgamma")),
+    op("digamma", digamma),
+    op("exp2", exp2),
+    op("sinc", sinc),
+    op("logaddexp", logaddexp),
+    op("xlogy", xlogy),
+    op("fmax", |cx| nan_ignoring(cx, "stablehlo.maximum")),
+    op("fmin", |cx| nan_ignoring(cx, "stablehlo.minimum")),
     // CHLO's inverse trigonometric and hyperbolic ops: XLA expands them with
     // care for the ranges where the textbook formulas lose precision.
     op("asin", |cx| float_unary(cx, "chlo.asin")),
@@ -815,4 +825,118 @@ fn is_infinity(cx: &mut Cx, inf: f64) -> Result<Vec<V>> {
     let x = cx.tensor("self")?;
     let inf = cx.g.full(inf, t.dtype, t.sizes);
     Ok(vec![cx.g.compare("EQ", x, inf)])
+}
+
+/// CHLO's erf_inv, in float64 for float32: its float32 expansion is a few
+/// ulps from CPU's near ±1, where the gradient magnifies them.
+fn erfinv(cx: &mut Cx) -> Result<Vec<V>> {
+    let (x, dtype) = float_operand(cx)?;
+    let wide = if dtype == DType::F32 { cx.g.convert(x, DType::F64) } else { x };
+    let r = cx.g.unary("chlo.erf_inv", wide);
+    finish(cx, r, dtype)
+}
+
+/// CHLO's digamma, with CPU's poles: ∓inf at ±0 (`-1/x`), NaN at the
+/// negative integers.
+fn digamma(cx: &mut Cx) -> Result<Vec<V>> {
+    let (x, dtype) = float_operand(cx)?;
+    let r = digamma_of(cx, x);
+    finish(cx, r, dtype)
+}
+
+fn digamma_of(cx: &mut Cx, x: V) -> V {
+    let r = cx.g.unary("chlo.digamma", x);
+    let zero = full_like(cx, 0.0, x);
+    let minus_one = full_like(cx, -1.0, x);
+    let pole = cx.g.binary("stablehlo.divide", minus_one, x);
+    let at_zero = cx.g.compare("EQ", x, zero);
+    let r = cx.g.select(at_zero, pole, r);
+    let negative = cx.g.compare("LT", x, zero);
+    let whole = cx.g.unary("stablehlo.floor", x);
+    let whole = cx.g.compare("EQ", whole, x);
+    let negative_integer = cx.g.binary("stablehlo.and", negative, whole);
+    let nan = full_like(cx, f64::NAN, x);
+    cx.g.select(negative_integer, nan, r)
+}
+
+/// 2^x (XLA has no exp2).
+fn exp2(cx: &mut Cx) -> Result<Vec<V>> {
+    let (x, dtype) = float_operand(cx)?;
+    let two = full_like(cx, 2.0, x);
+    let r = cx.g.binary("stablehlo.power", two, x);
+    finish(cx, r, dtype)
+}
+
+/// sin(πx)/(πx), 1 at 0.
+fn sinc(cx: &mut Cx) -> Result<Vec<V>> {
+    let (x, dtype) = float_operand(cx)?;
+    let pi = full_like(cx, std::f64::consts::PI, x);
+    let px = cx.g.binary("stablehlo.multiply", x, pi);
+    let sin = cx.g.unary("stablehlo.sine", px);
+    let r = cx.g.binary("stablehlo.divide", sin, px);
+    let zero = full_like(cx, 0.0, x);
+    let one = full_like(cx, 1.0, x);
+    let at_zero = cx.g.compare("EQ", x, zero);
+    let r = cx.g.select(at_zero, one, r);
+    finish(cx, r, dtype)
+}
+
+/// Operands of a float function of two tensors, `kernel`'s on CPU (None:
+/// integers compute in the default float, as CPU's kernels do).
+fn float_pair(cx: &mut Cx, float_kernel: Option<&str>) -> Result<(V, V, DType)> {
+    let ops = [cx.operand("self")?, cx.operand("other")?];
+    let common = cx.result_type(&ops);
+    if let Some(kernel) = float_kernel {
+        float_only(common, kernel)?;
+    }
+    let dtype = if common.is_float() { common } else { DEFAULT_FLOAT };
+    let v = cx.promote_to(&ops, opmath(dtype))?;
+    Ok((v[0], v[1], dtype))
+}
+
+/// log(e^a + e^b) as max + log1p(e^-|a-b|); equal infinities give themselves.
+fn logaddexp(cx: &mut Cx) -> Result<Vec<V>> {
+    let (a, b, dtype) = float_pair(cx, Some("logaddexp_cpu"))?;
+    let m = cx.g.binary("stablehlo.maximum", a, b);
+    let d = cx.g.binary("stablehlo.subtract", a, b);
+    let d = cx.g.unary("stablehlo.abs", d);
+    let d = cx.g.unary("stablehlo.negate", d);
+    let e = cx.g.unary("stablehlo.exponential", d);
+    let l = cx.g.unary("stablehlo.log_plus_one", e);
+    let r = cx.g.binary("stablehlo.add", m, l);
+    let inf = full_like(cx, f64::INFINITY, a);
+    let magnitude = cx.g.unary("stablehlo.abs", a);
+    let infinite = cx.g.compare("EQ", magnitude, inf);
+    let same = cx.g.compare("EQ", a, b);
+    let both = cx.g.binary("stablehlo.and", infinite, same);
+    let r = cx.g.select(both, a, r);
+    finish(cx, r, dtype)
+}
+
+/// x·log(y), 0 where x is 0 unless y is NaN.
+fn xlogy(cx: &mut Cx) -> Result<Vec<V>> {
+    let (x, y, dtype) = float_pair(cx, None)?;
+    let log = cx.g.unary("stablehlo.log", y);
+    let r = cx.g.binary("stablehlo.multiply", x, log);
+    let zero = full_like(cx, 0.0, x);
+    let x_zero = cx.g.compare("EQ", x, zero);
+    let y_number = cx.g.compare("EQ", y, y);
+    let zero_term = cx.g.binary("stablehlo.and", x_zero, y_number);
+    let r = cx.g.select(zero_term, zero, r);
+    finish(cx, r, dtype)
+}
+
+/// fmax/fmin: a NaN operand gives the other one.
+fn nan_ignoring(cx: &mut Cx, name: &'static str) -> Result<Vec<V>> {
+    if !cx.operand("self")?.dtype.is_float() && !cx.operand("other")?.dtype.is_float() {
+        return arith(cx, name);
+    }
+    let (v, dtype) = promoted(cx, &["self", "other"])?;
+    let (a, b) = (v[0], v[1]);
+    let r = cx.g.binary(name, a, b);
+    let a_nan = cx.g.compare("NE", a, a);
+    let r = cx.g.select(a_nan, b, r);
+    let b_nan = cx.g.compare("NE", b, b);
+    let r = cx.g.select(b_nan, a, r);
+    finish(cx, r, dtype)
 }
