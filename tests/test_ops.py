@@ -36,12 +36,13 @@ OPS = [
     "round.decimals_3", "round.decimals_neg_3", "exp", "expm1", "log", "log1p", "log2", "log10",
     "sqrt", "rsqrt", "tanh", "sigmoid", "sin", "cos", "tan", "erf", "reciprocal", "erfc", "erfinv", "lgamma",
     "digamma", "exp2", "sinc",
-    "logaddexp", "xlogy", "fmax", "fmin",
+    "logaddexp", "xlogy", "fmax", "fmin", "frac", "logit", "nan_to_num", "hypot", "copysign", "heaviside",
     "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh",
     # reductions
     "sum", "prod", "mean", "linalg.vector_norm", "amax", "amin", "max.reduction_no_dim", "max.reduction_with_dim",
     "min.reduction_no_dim", "min.reduction_with_dim", "argmax", "argmin", "all", "any", "histc", "bincount",
-    "var", "var.unbiased", "std", "std.unbiased", "cumsum", "cumprod",
+    "var", "var.unbiased", "std", "std.unbiased", "var_mean", "var_mean.unbiased", "std_mean", "std_mean.unbiased",
+    "nansum", "nanmean", "count_nonzero", "aminmax", "cumsum", "cumprod",
     # matrix products
     "mm", "bmm", "addmm", "addmm.decomposed", "baddbmm", "matmul", "mv", "dot", "vdot", "linalg.vecdot", "addmv",
     # shapes, indexing, factories

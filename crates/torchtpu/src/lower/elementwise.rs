@@ -74,6 +74,13 @@ pub static ENTRIES: &[Entry] = &[
     op("sinc", sinc),
     op("logaddexp", logaddexp),
     op("xlogy", xlogy),
+    op("frac", frac),
+    op("logit", logit),
+    op("logit_backward", logit_backward),
+    op("nan_to_num", nan_to_num),
+    op("hypot", hypot),
+    op("copysign", copysign),
+    op("heaviside", heaviside),
     op("fmax", |cx| nan_ignoring(cx, "stablehlo.maximum")),
     op("fmin", |cx| nan_ignoring(cx, "stablehlo.minimum")),
     // CHLO's inverse trigonometric and hyperbolic ops: XLA expands them with
@@ -939,4 +946,136 @@ fn nan_ignoring(cx: &mut Cx, name: &'static str) -> Result<Vec<V>> {
     let b_nan = cx.g.compare("NE", b, b);
     let r = cx.g.select(b_nan, a, r);
     finish(cx, r, dtype)
+}
+
+/// x - trunc(x), of floats only.
+fn frac(cx: &mut Cx) -> Result<Vec<V>> {
+    let t = cx.meta("self")?;
+    float_only(t.dtype, "frac_cpu")?;
+    let x = cx.tensor("self")?;
+    let x = cx.g.convert(x, opmath(t.dtype));
+    let whole = trunc_value(cx, x);
+    let r = cx.g.binary("stablehlo.subtract", x, whole);
+    finish(cx, r, t.dtype)
+}
+
+/// log(x / (1 - x)), x first clamped to [eps, 1 - eps] when eps is given
+/// (NaN stays NaN).
+fn logit(cx: &mut Cx) -> Result<Vec<V>> {
+    let (mut x, dtype) = float_operand(cx)?;
+    let shape = cx.g.ty(x).shape.clone();
+    if let Some((low, high)) = logit_bounds(cx, x, &shape)? {
+        let below = cx.g.compare("LT", x, low);
+        let above = cx.g.compare("GT", x, high);
+        let capped = cx.g.select(above, high, x);
+        x = cx.g.select(below, low, capped);
+    }
+    let one = full_like(cx, 1.0, x);
+    let rest = cx.g.binary("stablehlo.subtract", one, x);
+    let odds = cx.g.binary("stablehlo.divide", x, rest);
+    let r = cx.g.unary("stablehlo.log", odds);
+    finish(cx, r, dtype)
+}
+
+/// logit's [eps, 1 - eps], when eps is given.
+fn logit_bounds(cx: &mut Cx, x: V, shape: &[i64]) -> Result<Option<(V, V)>> {
+    let ct = cx.g.ty(x).dtype;
+    let Some(eps) = cx.scalar_like("eps", ct, shape)? else { return Ok(None) };
+    let one = full_like(cx, 1.0, x);
+    Ok(Some((eps, cx.g.binary("stablehlo.subtract", one, eps))))
+}
+
+/// grad / (x (1 - x)); outside [eps, 1 - eps] 0, or without eps NaN
+/// outside [0, 1].
+fn logit_backward(cx: &mut Cx) -> Result<Vec<V>> {
+    let (v, dtype) = promoted(cx, &["grad_output", "self"])?;
+    let (grad, x) = (v[0], v[1]);
+    let shape = cx.g.ty(x).shape.clone();
+    let one = full_like(cx, 1.0, x);
+    let rest = cx.g.binary("stablehlo.subtract", one, x);
+    let slope = cx.g.binary("stablehlo.multiply", x, rest);
+    let r = cx.g.binary("stablehlo.divide", grad, slope);
+    let (low, high, outside) = match logit_bounds(cx, x, &shape)? {
+        Some((low, high)) => (low, high, full_like(cx, 0.0, x)),
+        None => (full_like(cx, 0.0, x), one, full_like(cx, f64::NAN, x)),
+    };
+    let below = cx.g.compare("LT", x, low);
+    let above = cx.g.compare("GT", x, high);
+    let out = cx.g.binary("stablehlo.or", below, above);
+    let r = cx.g.select(out, outside, r);
+    finish(cx, r, dtype)
+}
+
+/// The largest finite value of a float dtype.
+fn finite_max(dtype: DType) -> f64 {
+    match dtype {
+        DType::F16 => 65504.0,
+        DType::BF16 => 3.389_531_389_251_535_5e38,
+        DType::F32 => f32::MAX as f64,
+        _ => f64::MAX,
+    }
+}
+
+/// NaN, +inf and -inf replaced (by 0 and the dtype's extremes unless given);
+/// other dtypes are copied.
+fn nan_to_num(cx: &mut Cx) -> Result<Vec<V>> {
+    let t = cx.meta("self")?;
+    let x = cx.tensor("self")?;
+    if !t.dtype.is_float() {
+        return Ok(vec![x]);
+    }
+    let dtype = t.dtype;
+    let replace = |cx: &mut Cx, name: &str, default: f64| -> Result<V> {
+        Ok(cx.scalar_like(name, dtype, t.sizes)?.unwrap_or_else(|| cx.g.full(default, dtype, t.sizes)))
+    };
+    let nan = replace(cx, "nan", 0.0)?;
+    let posinf = replace(cx, "posinf", finite_max(dtype))?;
+    let neginf = replace(cx, "neginf", -finite_max(dtype))?;
+    let inf = cx.g.full(f64::INFINITY, dtype, t.sizes);
+    let minus_inf = cx.g.full(f64::NEG_INFINITY, dtype, t.sizes);
+    let is_nan = cx.g.compare("NE", x, x);
+    let is_posinf = cx.g.compare("EQ", x, inf);
+    let is_neginf = cx.g.compare("EQ", x, minus_inf);
+    let r = cx.g.select(is_nan, nan, x);
+    let r = cx.g.select(is_posinf, posinf, r);
+    Ok(vec![cx.g.select(is_neginf, neginf, r)])
+}
+
+/// sqrt(a² + b²), of floats only.
+fn hypot(cx: &mut Cx) -> Result<Vec<V>> {
+    let (a, b, dtype) = float_pair(cx, Some("hypot_cpu"))?;
+    let aa = cx.g.binary("stablehlo.multiply", a, a);
+    let bb = cx.g.binary("stablehlo.multiply", b, b);
+    let sum = cx.g.binary("stablehlo.add", aa, bb);
+    let r = cx.g.unary("stablehlo.sqrt", sum);
+    finish(cx, r, dtype)
+}
+
+/// |self| with the sign bit of `other` (-0.0 and NaNs' included).
+fn copysign(cx: &mut Cx) -> Result<Vec<V>> {
+    let (a, b, dtype) = float_pair(cx, None)?;
+    let ty = cx.g.ty(b).clone();
+    let bits = if ty.dtype == DType::F64 { DType::I64 } else { DType::I32 };
+    let b_bits = cx.g.bitcast(b, crate::ir::Ty::new(bits, &ty.shape));
+    let zero = cx.g.full(0.0, bits, &ty.shape);
+    let negative = cx.g.compare("LT", b_bits, zero);
+    let magnitude = cx.g.unary("stablehlo.abs", a);
+    let negated = cx.g.unary("stablehlo.negate", magnitude);
+    let r = cx.g.select(negative, negated, magnitude);
+    finish(cx, r, dtype)
+}
+
+/// `values` where self is 0, else self > 0; the two of one dtype.
+fn heaviside(cx: &mut Cx) -> Result<Vec<V>> {
+    let (x, values) = (cx.operand("self")?, cx.operand("values")?);
+    if x.dtype != values.dtype {
+        return Err(Error::runtime("heaviside is not yet implemented for tensors with different dtypes."));
+    }
+    let dtype = x.dtype;
+    let v = cx.promote_to(&[x, values], dtype)?;
+    let zero = full_like(cx, 0.0, v[0]);
+    let at_zero = cx.g.compare("EQ", v[0], zero);
+    let positive = cx.g.compare("GT", v[0], zero);
+    let step = cx.g.convert(positive, dtype);
+    Ok(vec![cx.g.select(at_zero, v[1], step)])
 }

@@ -1,10 +1,11 @@
 //! Reductions. One rule for dims/keepdim/dtype; float16/bfloat16 accumulate
 //! in float32.
-use super::elementwise::{arith, no_bool, not_implemented};
+use super::elementwise::{arith, cpp_name, no_bool, not_implemented};
 use super::{op, op_consts, op_measured, wrap_dim, Cx, Entry};
 use crate::error::{Error, Kind, Result};
 use crate::ir::dtype::{opmath, DType};
 use crate::ir::{ReduceKind, V};
+use crate::lower::args::Tensor;
 
 pub static ENTRIES: &[Entry] = &[
     op_consts("linalg_vector_norm", vector_norm, &["ord"]),
@@ -19,8 +20,13 @@ pub static ENTRIES: &[Entry] = &[
     op("argmin", |cx| arg(cx, false)),
     op("all", |cx| logical(cx, ReduceKind::And)),
     op("any", |cx| logical(cx, ReduceKind::Or)),
-    op("var", |cx| moments(cx, false)),
-    op("std", |cx| moments(cx, true)),
+    op("var", |cx| moments(cx, false, false)),
+    op("std", |cx| moments(cx, true, false)),
+    op("var_mean", |cx| moments(cx, false, true)),
+    op("std_mean", |cx| moments(cx, true, true)),
+    op("nansum", nansum),
+    op("count_nonzero", count_nonzero),
+    op("aminmax", aminmax),
     op("cumsum", |cx| cumulative(cx, ReduceKind::Sum)),
     op("cumprod", |cx| cumulative(cx, ReduceKind::Prod)),
     op("_cummax_helper", |cx| cumulative_extreme(cx, true)),
@@ -282,10 +288,16 @@ fn logical(cx: &mut Cx, kind: ReduceKind) -> Result<Vec<V>> {
 }
 
 /// var/std with Bessel's `correction` (a runtime operand, default 1).
-fn moments(cx: &mut Cx, sqrt: bool) -> Result<Vec<V>> {
+/// var or std (`sqrt`), and with `with_mean` the mean beside it (var_mean, std_mean).
+fn moments(cx: &mut Cx, sqrt: bool, with_mean: bool) -> Result<Vec<V>> {
     let t = cx.meta("self")?;
     if !t.dtype.is_float() {
-        return Err(Error::not_implemented("std and var only support floating point and complex dtypes"));
+        let what = match (sqrt, with_mean) {
+            (_, false) => "std and var",
+            (false, true) => "var_mean",
+            (true, true) => "std_mean",
+        };
+        return Err(Error::not_implemented(format!("{what} only support floating point and complex dtypes")));
     }
     let ct = opmath(t.dtype);
     let x = cx.tensor("self")?;
@@ -296,8 +308,8 @@ fn moments(cx: &mut Cx, sqrt: bool) -> Result<Vec<V>> {
     let sum = reduce_keep(cx, ReduceKind::Sum, x, &dims, true);
     let n = cx.g.full(count as f64, ct, &cx.g.ty(sum).shape.clone());
     let mean = cx.g.binary("stablehlo.divide", sum, n);
-    let mean = cx.g.broadcast_in_dim(mean, t.sizes, &(0..t.sizes.len() as i64).collect::<Vec<_>>());
-    let d = cx.g.binary("stablehlo.subtract", x, mean);
+    let spread = cx.g.broadcast_in_dim(mean, t.sizes, &(0..t.sizes.len() as i64).collect::<Vec<_>>());
+    let d = cx.g.binary("stablehlo.subtract", x, spread);
     let sq = cx.g.binary("stablehlo.multiply", d, d);
     let ss = reduce_keep(cx, ReduceKind::Sum, sq, &dims, keep);
     let shape = cx.g.ty(ss).shape.clone();
@@ -316,7 +328,93 @@ fn moments(cx: &mut Cx, sqrt: bool) -> Result<Vec<V>> {
     if sqrt {
         r = cx.g.unary("stablehlo.sqrt", r);
     }
-    Ok(vec![cx.g.convert(r, t.dtype)])
+    let mut results = vec![cx.g.convert(r, t.dtype)];
+    if with_mean {
+        let mean = cx.g.reshape(mean, &shape);
+        results.push(cx.g.convert(mean, t.dtype));
+    }
+    Ok(results)
+}
+
+/// A sum with NaNs counted as zeros.
+fn nansum(cx: &mut Cx) -> Result<Vec<V>> {
+    let t = cx.meta("self")?;
+    let dtype = accumulate_dtype(cx)?;
+    let x = cx.tensor("self")?;
+    let mut x = cx.g.convert(x, opmath(dtype));
+    if t.dtype.is_float() {
+        let nan = cx.g.compare("NE", x, x);
+        let zero = cx.g.full(0.0, opmath(dtype), t.sizes);
+        x = cx.g.select(nan, zero, x);
+    }
+    let dims = reduced_dims(cx, t.sizes.len())?;
+    let r = reduce_keep(cx, ReduceKind::Sum, x, &dims, keepdim(cx)?);
+    Ok(vec![cx.g.convert(r, dtype)])
+}
+
+/// The count (int64) of elements that are not zero (NaN counts).
+fn count_nonzero(cx: &mut Cx) -> Result<Vec<V>> {
+    let t = cx.meta("self")?;
+    let x = cx.tensor("self")?;
+    let zero = cx.g.full(0.0, t.dtype, t.sizes);
+    let nonzero = cx.g.compare("NE", x, zero);
+    let ones = cx.g.convert(nonzero, DType::I64);
+    let dims = reduced_dims(cx, t.sizes.len())?;
+    Ok(vec![reduce_keep(cx, ReduceKind::Sum, ones, &dims, false)])
+}
+
+/// Whether two views of one storage reach a common element range.
+fn shares_elements(a: &Tensor, b: &Tensor) -> bool {
+    let (Some(sa), Some(sb)) = (a.storage, b.storage) else { return false };
+    let span = |t: &Tensor| {
+        let last: i64 = t.sizes.iter().zip(t.strides).map(|(&n, &s)| (n - 1).max(0) * s).sum();
+        (t.offset, t.offset + last)
+    };
+    let ((a0, a1), (b0, b1)) = (span(a), span(b));
+    std::ptr::addr_eq(sa, sb) && a.numel() > 0 && b.numel() > 0 && a0 <= b1 && b0 <= a1
+}
+
+/// (amin, amax) over one dim or all, NaN propagating as in each.
+fn aminmax(cx: &mut Cx) -> Result<Vec<V>> {
+    let t = cx.meta("self")?;
+    let rank = t.sizes.len();
+    let dims: Vec<usize> = match cx.opt_int("dim")? {
+        // PyTorch marks the reduced dim in a 64-bit mask.
+        Some(_) if rank > 64 => return Err(Error::runtime("only tensors with up to 64 dims are supported")),
+        Some(d) => {
+            let w = wrap_dim(d, rank)?;
+            if w < rank && t.sizes[w] == 0 {
+                return Err(Error::index(format!("aminmax: Expected reduction dim {w} to have non-zero size.")));
+            }
+            (w < rank).then_some(w).into_iter().collect()
+        }
+        None if t.numel() == 0 => {
+            return Err(Error::runtime(
+                "aminmax(): cannot compute aminmax over an empty dimension as the operation has no identity.",
+            ))
+        }
+        None => (0..rank).collect(),
+    };
+    if cx.has("min") && cx.has("max") && shares_elements(&cx.meta("min")?, &cx.meta("max")?) {
+        return Err(Error::value("aminmax(): the `min` and `max` out= tensors must not overlap."));
+    }
+    for out in ["min", "max"] {
+        let dtype = if cx.has(out) { cx.meta(out)?.dtype } else { t.dtype };
+        if dtype != t.dtype {
+            return Err(Error::runtime(format!(
+                "Expected out tensor to have dtype {}, but got {} instead",
+                cpp_name(t.dtype),
+                cpp_name(dtype)
+            )));
+        }
+    }
+    let keep = keepdim(cx)?;
+    let x = cx.tensor("self")?;
+    let (low, high) =
+        if t.dtype == DType::Bool { (ReduceKind::And, ReduceKind::Or) } else { (ReduceKind::Min, ReduceKind::Max) };
+    let min = reduce_extreme(cx, low, x, &dims, keep);
+    let max = reduce_extreme(cx, high, x, &dims, keep);
+    Ok(vec![min, max])
 }
 
 /// cumsum and cumprod, by `scan`.
