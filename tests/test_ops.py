@@ -68,6 +68,9 @@ OPS = [
     *(f"fft.{k}{n}" for k in ("fft", "ifft", "rfft", "irfft", "hfft", "ihfft") for n in ("", "2", "n")),
     "nn.functional.unfold", "nn.functional.embedding_bag", "nn.functional.embedding",
     "grid_sampler_2d", "nn.functional.grid_sample",
+    # activations
+    "nn.functional.mish", "nn.functional.glu", "nn.functional.prelu", "nn.functional.threshold",
+    "nn.functional.hardshrink", "nn.functional.softshrink",
     # convolutions and norms
     "nn.functional.conv1d", "nn.functional.conv2d", "nn.functional.conv3d",
     "nn.functional.conv_transpose1d", "nn.functional.conv_transpose2d", "nn.functional.conv_transpose3d",

@@ -35,6 +35,15 @@ pub static ACTIVATIONS: &[Entry] = &[
     op("hardswish_backward", hardswish_backward),
     op("softplus", softplus),
     op("softplus_backward", softplus_backward),
+    op("mish", mish),
+    op("mish_backward", mish_backward),
+    op("threshold", threshold),
+    op("hardshrink", hardshrink),
+    op("hardshrink_backward", |cx| shrink_backward(cx, "grad_out")),
+    op_consts("softshrink", softshrink, &["lambd"]),
+    op("softshrink_backward", |cx| shrink_backward(cx, "grad_output")),
+    op("_prelu_kernel", prelu),
+    op("_prelu_kernel_backward", prelu_backward),
 ];
 
 pub static ENTRIES: &[Entry] = &[
@@ -52,6 +61,8 @@ pub static ENTRIES: &[Entry] = &[
     op("native_dropout_backward", native_dropout_backward),
     op("embedding_dense_backward", embedding_dense_backward),
     op_consts("embedding_renorm", embedding_renorm, &["norm_type"]),
+    op("glu", glu),
+    op("glu_backward", glu_backward),
 ];
 
 // ------------------------------------------------------------------ helpers
@@ -391,6 +402,131 @@ fn hardswish_backward(cx: &mut Cx) -> Result<Vec<V>> {
     let zero = full_like(cx, 0.0, g);
     let r = cx.g.select(lower, zero, r);
     finish(cx, r, dtype)
+}
+
+/// `tanh(log1p(exp(x)))`, mish's gate.
+fn mish_gate(cx: &mut Cx, x: V) -> V {
+    let e = cx.g.unary("stablehlo.exponential", x);
+    let softplus = cx.g.unary("stablehlo.log_plus_one", e);
+    cx.g.unary("stablehlo.tanh", softplus)
+}
+
+/// `x tanh(softplus(x))`.
+fn mish(cx: &mut Cx) -> Result<Vec<V>> {
+    let (x, dtype) = float_self(cx, "mish_cpu")?;
+    let gate = mish_gate(cx, x);
+    let r = mul(cx, x, gate);
+    finish(cx, r, dtype)
+}
+
+/// `g (t + x sigmoid(x) (1 - t²))` with `t` the gate.
+fn mish_backward(cx: &mut Cx) -> Result<Vec<V>> {
+    let (v, dtype) = promoted(cx, &["grad_output", "self"])?;
+    let (g, x) = (v[0], v[1]);
+    let t = mish_gate(cx, x);
+    let d = one_plus_exp_neg(cx, x);
+    let one = full_like(cx, 1.0, x);
+    let sigmoid = div(cx, one, d);
+    let t2 = mul(cx, t, t);
+    let rest = sub(cx, one, t2);
+    let xs = mul(cx, x, sigmoid);
+    let slope = mul(cx, xs, rest);
+    let slope = add(cx, t, slope);
+    let r = mul(cx, g, slope);
+    finish(cx, r, dtype)
+}
+
+/// `value` where `self <= threshold`, else self; the scalars in self's dtype.
+fn threshold(cx: &mut Cx) -> Result<Vec<V>> {
+    let t = cx.meta("self")?;
+    if t.dtype == DType::Bool {
+        return Err(not_implemented("threshold_cpu", t.dtype));
+    }
+    let x = cx.tensor("self")?;
+    let th = scalar_as(cx, "threshold", x)?;
+    let value = scalar_as(cx, "value", x)?;
+    let below = cx.g.compare("LE", x, th);
+    Ok(vec![cx.g.select(below, value, x)])
+}
+
+/// Whether `x` lies in [-lambd, lambd] (the shrink functions' zero band).
+fn in_band(cx: &mut Cx, x: V) -> Result<V> {
+    let lambd = scalar_as(cx, "lambd", x)?;
+    let low = cx.g.unary("stablehlo.negate", lambd);
+    let above = cx.g.compare("GE", x, low);
+    let below = cx.g.compare("LE", x, lambd);
+    Ok(cx.g.binary("stablehlo.and", above, below))
+}
+
+/// 0 inside [-lambd, lambd], else x.
+fn hardshrink(cx: &mut Cx) -> Result<Vec<V>> {
+    let (x, dtype) = float_self(cx, "hardshrink_cpu")?;
+    let band = in_band(cx, x)?;
+    let zero = full_like(cx, 0.0, x);
+    let r = cx.g.select(band, zero, x);
+    finish(cx, r, dtype)
+}
+
+/// The gradient of both shrink functions: 0 inside [-lambd, lambd].
+fn shrink_backward(cx: &mut Cx, grad: &str) -> Result<Vec<V>> {
+    let (v, dtype) = promoted(cx, &[grad, "self"])?;
+    let (g, x) = (v[0], v[1]);
+    let band = in_band(cx, x)?;
+    let zero = full_like(cx, 0.0, g);
+    let r = cx.g.select(band, zero, g);
+    finish(cx, r, dtype)
+}
+
+/// x ∓ lambd outside [-lambd, lambd], 0 inside; lambd must fit the dtype.
+fn softshrink(cx: &mut Cx) -> Result<Vec<V>> {
+    let t = cx.meta("self")?;
+    let (x, dtype) = float_self(cx, "softshrink_check")?;
+    let lambd = cx.const_f64("lambd")?;
+    let (max, shown) = match dtype {
+        DType::F16 => (65504.0, "65504"),
+        DType::BF16 => (3.389_531_389_251_535_5e38, "3.38953e+38"),
+        DType::F32 => (f32::MAX as f64, "3.40282e+38"),
+        _ => (f64::MAX, "1.79769e+308"),
+    };
+    if !(0.0..=max).contains(&lambd) {
+        return Err(Error::runtime(format!(
+            "lambda must be in range [0, {shown}] for input dtype {}, but found {lambd}",
+            t.dtype.torch_name()
+        )));
+    }
+    let l = full_like(cx, lambd, x);
+    let ml = full_like(cx, -lambd, x);
+    let zero = full_like(cx, 0.0, x);
+    let down = sub(cx, x, l);
+    let up = add(cx, x, l);
+    let above = cx.g.compare("GT", x, l);
+    let below = cx.g.compare("LT", x, ml);
+    let r = cx.g.select(below, up, zero);
+    let r = cx.g.select(above, down, r);
+    finish(cx, r, dtype)
+}
+
+/// `x` where positive, else `weight x` (weight broadcast by prelu's composite).
+fn prelu(cx: &mut Cx) -> Result<Vec<V>> {
+    float_only(cx.meta("self")?.dtype, "prelu_cpu")?;
+    let (v, dtype) = promoted(cx, &["self", "weight"])?;
+    let (x, w) = (v[0], v[1]);
+    let wx = mul(cx, w, x);
+    let r = where_positive(cx, x, x, wx);
+    finish(cx, r, dtype)
+}
+
+/// (`g` or `weight g`, 0 or `x g`) by the sign of x, at the broadcast shape
+/// (autograd sums the weight's part to its shape).
+fn prelu_backward(cx: &mut Cx) -> Result<Vec<V>> {
+    let (v, dtype) = promoted(cx, &["grad_output", "self", "weight"])?;
+    let (g, x, w) = (v[0], v[1], v[2]);
+    let wg = mul(cx, w, g);
+    let grad_self = where_positive(cx, x, g, wg);
+    let xg = mul(cx, x, g);
+    let zero = full_like(cx, 0.0, x);
+    let grad_weight = where_positive(cx, x, zero, xg);
+    Ok(vec![cx.g.convert(grad_self, dtype), cx.g.convert(grad_weight, dtype)])
 }
 
 /// softplus's `(x beta, x beta > threshold, beta)`: above the threshold it is linear.
@@ -932,4 +1068,55 @@ fn embedding_dense_backward(cx: &mut Cx) -> Result<Vec<V>> {
     let zeros = cx.g.full(0.0, ct, &[rows, d]);
     let r = cx.g.put(zeros, idx, g, 0, Some(ReduceKind::Sum));
     finish(cx, r, gt.dtype)
+}
+
+/// glu's halves of `self` along `dim`: (a, b, dim).
+fn glu_halves(cx: &mut Cx, x: V) -> Result<(V, V, usize)> {
+    let t = cx.meta("self")?;
+    if t.sizes.is_empty() {
+        return Err(Error::runtime("glu does not support scalars because halving size must be even"));
+    }
+    let dim = wrap_dim(cx.int("dim")?, t.sizes.len())?;
+    let n = t.sizes[dim];
+    if n % 2 != 0 {
+        return Err(Error::runtime(format!("Halving dimension must be even, but dimension {dim} is size {n}")));
+    }
+    let mut start = vec![0; t.sizes.len()];
+    let mut limit = t.sizes.to_vec();
+    let strides = vec![1; t.sizes.len()];
+    limit[dim] = n / 2;
+    let a = cx.g.slice(x, &start, &limit, &strides);
+    start[dim] = n / 2;
+    limit[dim] = n;
+    let b = cx.g.slice(x, &start, &limit, &strides);
+    Ok((a, b, dim))
+}
+
+/// `a sigmoid(b)` of self's two halves along `dim`.
+fn glu(cx: &mut Cx) -> Result<Vec<V>> {
+    let dtype = cx.meta("self")?.dtype;
+    let x = cx.tensor("self")?;
+    let (a, b, _) = glu_halves(cx, x)?;
+    float_only(dtype, "glu_cpu")?;
+    let (a, b) = (cx.g.convert(a, opmath(dtype)), cx.g.convert(b, opmath(dtype)));
+    let d = one_plus_exp_neg(cx, b);
+    let r = div(cx, a, d);
+    finish(cx, r, dtype)
+}
+
+/// (g s, g a s (1 - s)) with `s = sigmoid(b)`, joined along `dim`.
+fn glu_backward(cx: &mut Cx) -> Result<Vec<V>> {
+    let dtype = cx.meta("self")?.dtype;
+    let (g, x) = (cx.tensor("grad_output")?, cx.tensor("self")?);
+    let (g, x) = (cx.g.convert(g, opmath(dtype)), cx.g.convert(x, opmath(dtype)));
+    let (a, b, dim) = glu_halves(cx, x)?;
+    let d = one_plus_exp_neg(cx, b);
+    let one = full_like(cx, 1.0, b);
+    let s = div(cx, one, d);
+    let grad_a = mul(cx, g, s);
+    let oms = sub(cx, one, s);
+    let ga = mul(cx, grad_a, a);
+    let grad_b = mul(cx, ga, oms);
+    let r = cx.g.concatenate(&[grad_a, grad_b], dim);
+    finish(cx, r, dtype)
 }
