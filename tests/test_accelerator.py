@@ -180,6 +180,13 @@ def test_histc_of_integers_follows_cuda(dtype):
         assert torch.equal(actual.cpu(), torch.bincount(pos, minlength=bins).to(dtype))
 
 
+def test_trace_of_bool_follows_cuda():
+    """CPU has no bool trace; CUDA's sums the diagonal, counting in int64."""
+    m = torch.tensor([[True, False, True], [False, False, True]])
+    actual = torch.trace(m.to("tpu"))
+    assert actual.dtype == torch.int64 and actual.item() == 1
+
+
 def test_precision_probes():
     """What libraries ask a device module before choosing bf16 mixed precision
     (Accelerate, Lightning, transformers' `is_torch_bf16_gpu_available`-style checks)."""

@@ -36,7 +36,7 @@ OPS = [
     "round.decimals_3", "round.decimals_neg_3", "exp", "expm1", "log", "log1p", "log2", "log10",
     "sqrt", "rsqrt", "tanh", "sigmoid", "sin", "cos", "tan", "erf", "reciprocal", "erfc", "erfinv", "lgamma",
     "digamma", "exp2", "sinc",
-    "logaddexp", "xlogy", "fmax", "fmin", "frac", "logit", "nan_to_num", "hypot", "copysign", "heaviside",
+    "logaddexp", "logaddexp2", "signbit", "angle", "trace", "xlogy", "fmax", "fmin", "frac", "logit", "nan_to_num", "hypot", "copysign", "heaviside",
     "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh",
     # reductions
     "sum", "prod", "mean", "linalg.vector_norm", "amax", "amin", "max.reduction_no_dim", "max.reduction_with_dim",
@@ -46,6 +46,7 @@ OPS = [
     # matrix products
     "mm", "bmm", "addmm", "addmm.decomposed", "baddbmm", "matmul", "mv", "dot", "vdot", "linalg.vecdot", "addmv",
     # shapes, indexing, factories
+    "linspace", "linspace.tensor_overload", "logspace", "logspace.tensor_overload",
     "cat", "stack", "hstack", "vstack", "flip", "roll", "unfold", "index_select", "index_add", "index_copy", "gather", "take_along_dim",
     "scatter", "scatter_add", "scatter_reduce.sum", "scatter_reduce.prod", "scatter_reduce.mean",
     "scatter_reduce.amax", "scatter_reduce.amin", "index_reduce.prod", "index_reduce.mean", "index_reduce.amax",

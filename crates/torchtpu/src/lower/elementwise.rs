@@ -72,7 +72,10 @@ pub static ENTRIES: &[Entry] = &[
     op("digamma", digamma),
     op("exp2", exp2),
     op("sinc", sinc),
-    op("logaddexp", logaddexp),
+    op("logaddexp", |cx| logaddexp(cx, false)),
+    op("logaddexp2", |cx| logaddexp(cx, true)),
+    op("signbit", signbit),
+    op("angle", angle),
     op("xlogy", xlogy),
     op("frac", frac),
     op("logit", logit),
@@ -901,15 +904,26 @@ fn float_pair(cx: &mut Cx, float_kernel: Option<&str>) -> Result<(V, V, DType)> 
     Ok((v[0], v[1], dtype))
 }
 
-/// log(e^a + e^b) as max + log1p(e^-|a-b|); equal infinities give themselves.
-fn logaddexp(cx: &mut Cx) -> Result<Vec<V>> {
-    let (a, b, dtype) = float_pair(cx, Some("logaddexp_cpu"))?;
+/// log(e^a + e^b) as max + log1p(e^-|a-b|), or in base 2 (`logaddexp2`:
+/// max + log1p(2^-|a-b|) / ln 2); equal infinities give themselves.
+fn logaddexp(cx: &mut Cx, base2: bool) -> Result<Vec<V>> {
+    let kernel = if base2 { "logaddexp2_cpu" } else { "logaddexp_cpu" };
+    let (a, b, dtype) = float_pair(cx, Some(kernel))?;
     let m = cx.g.binary("stablehlo.maximum", a, b);
     let d = cx.g.binary("stablehlo.subtract", a, b);
     let d = cx.g.unary("stablehlo.abs", d);
     let d = cx.g.unary("stablehlo.negate", d);
-    let e = cx.g.unary("stablehlo.exponential", d);
-    let l = cx.g.unary("stablehlo.log_plus_one", e);
+    let e = if base2 {
+        let two = full_like(cx, 2.0, d);
+        cx.g.binary("stablehlo.power", two, d)
+    } else {
+        cx.g.unary("stablehlo.exponential", d)
+    };
+    let mut l = cx.g.unary("stablehlo.log_plus_one", e);
+    if base2 {
+        let ln2 = full_like(cx, std::f64::consts::LN_2, l);
+        l = cx.g.binary("stablehlo.divide", l, ln2);
+    }
     let r = cx.g.binary("stablehlo.add", m, l);
     let inf = full_like(cx, f64::INFINITY, a);
     let magnitude = cx.g.unary("stablehlo.abs", a);
@@ -917,6 +931,35 @@ fn logaddexp(cx: &mut Cx) -> Result<Vec<V>> {
     let same = cx.g.compare("EQ", a, b);
     let both = cx.g.binary("stablehlo.and", infinite, same);
     let r = cx.g.select(both, a, r);
+    finish(cx, r, dtype)
+}
+
+/// Whether the sign bit is set: floats' bit (-0.0 and NaNs' included),
+/// integers below 0, never for bools.
+fn signbit(cx: &mut Cx) -> Result<Vec<V>> {
+    let t = cx.meta("self")?;
+    let x = cx.tensor("self")?;
+    let bits = match t.dtype {
+        DType::F16 | DType::BF16 => DType::I16,
+        DType::F32 => DType::I32,
+        DType::F64 => DType::I64,
+        DType::Bool => return Ok(vec![cx.g.full(0.0, DType::Bool, t.sizes)]),
+        _ => t.dtype,
+    };
+    let x = if t.dtype.is_float() { cx.g.bitcast(x, crate::ir::Ty::new(bits, t.sizes)) } else { x };
+    let zero = cx.g.full(0.0, bits, t.sizes);
+    Ok(vec![cx.g.compare("LT", x, zero)])
+}
+
+/// The argument of a real number: π below 0, else 0 (NaN stays NaN).
+fn angle(cx: &mut Cx) -> Result<Vec<V>> {
+    let (x, dtype) = float_operand(cx)?;
+    let zero = full_like(cx, 0.0, x);
+    let pi = full_like(cx, std::f64::consts::PI, x);
+    let negative = cx.g.compare("LT", x, zero);
+    let r = cx.g.select(negative, pi, zero);
+    let nan = cx.g.compare("NE", x, x);
+    let r = cx.g.select(nan, x, r);
     finish(cx, r, dtype)
 }
 

@@ -1,9 +1,11 @@
-//! Factories and fills: `fill_`/`zero_` (behind zeros/ones/full), `arange`, `eye`.
+//! Factories and fills: `fill_`/`zero_` (behind zeros/ones/full), `arange`,
+//! `linspace`, `logspace`, `eye`.
 use super::elementwise::no_bool;
 use super::linalg::diagonal_mask;
 use super::{op, op_complex, op_consts, Cx, Entry};
 use crate::ensure;
 use crate::error::{Error, Result};
+use crate::ir::dtype::{opmath, DType};
 use crate::ir::V;
 
 pub static ENTRIES: &[Entry] = &[
@@ -11,6 +13,8 @@ pub static ENTRIES: &[Entry] = &[
     op_complex("zero", zero),
     op("_efficientzerotensor", efficient_zero),
     op_consts("arange", arange, &["start", "end", "step"]),
+    op_consts("linspace", |cx| spaced(cx, false), &["start", "end"]),
+    op_consts("logspace", |cx| spaced(cx, true), &["start", "end", "base"]),
     op("eye", eye),
 ];
 
@@ -60,6 +64,52 @@ fn arange(cx: &mut Cx) -> Result<Vec<V>> {
     let b = cx.g.full(start, acc, &[n]);
     let r = cx.g.binary("stablehlo.multiply", i, s);
     let r = cx.g.binary("stablehlo.add", r, b);
+    Ok(vec![cx.g.convert(r, out.dtype)])
+}
+
+/// linspace's `steps` points from start to end, as CPU computes them: the
+/// first half counted up from start, the rest down from end (in float32 for
+/// half types, float64 for integers); logspace raises `base` to them, in
+/// float64.
+fn spaced(cx: &mut Cx, log: bool) -> Result<Vec<V>> {
+    let out = cx.meta("out")?;
+    let (start, end, steps) = (cx.const_f64("start")?, cx.const_f64("end")?, cx.int("steps")?);
+    ensure!(steps >= 0, "number of steps must be non-negative");
+    if steps > 1 {
+        // One step is a fill, with no kernel to refuse bool.
+        no_bool(out.dtype, if log { "logspace_cpu" } else { "linspace_cpu" })?;
+    }
+    let ct = if out.dtype.is_float() { opmath(out.dtype) } else { DType::F64 };
+    // The kernel converts start and end to the result's type first.
+    let typed = |v: f64| if out.dtype.is_float() { v } else { v.trunc() };
+    let (start, end) = (typed(start), typed(end));
+    let n = [steps];
+    let points = if steps == 1 {
+        cx.g.full(start, ct, &n)
+    } else {
+        let step = (end - start) / (steps - 1) as f64;
+        let step = if ct == DType::F32 { step as f32 as f64 } else { step };
+        let idx = cx.g.iota(ct, &n, 0);
+        let step = cx.g.full(step, ct, &n);
+        let up = cx.g.binary("stablehlo.multiply", step, idx);
+        let first = cx.g.full(start, ct, &n);
+        let up = cx.g.binary("stablehlo.add", first, up);
+        let last = cx.g.full((steps - 1) as f64, ct, &n);
+        let left = cx.g.binary("stablehlo.subtract", last, idx);
+        let down = cx.g.binary("stablehlo.multiply", step, left);
+        let end = cx.g.full(end, ct, &n);
+        let down = cx.g.binary("stablehlo.subtract", end, down);
+        let halfway = cx.g.full((steps / 2) as f64, ct, &n);
+        let lower = cx.g.compare("LT", idx, halfway);
+        cx.g.select(lower, up, down)
+    };
+    let r = if log {
+        let exponent = cx.g.convert(points, DType::F64);
+        let base = cx.g.full(cx.const_f64("base")?, DType::F64, &n);
+        cx.g.binary("stablehlo.power", base, exponent)
+    } else {
+        points
+    };
     Ok(vec![cx.g.convert(r, out.dtype)])
 }
 

@@ -27,6 +27,7 @@ pub static ENTRIES: &[Entry] = &[
     op("nansum", nansum),
     op("count_nonzero", count_nonzero),
     op("aminmax", aminmax),
+    op("trace", trace),
     op("cumsum", |cx| cumulative(cx, ReduceKind::Sum)),
     op("cumprod", |cx| cumulative(cx, ReduceKind::Prod)),
     op("_cummax_helper", |cx| cumulative_extreme(cx, true)),
@@ -714,4 +715,22 @@ fn bincount(cx: &mut Cx) -> Result<Vec<V>> {
     };
     let bins = cx.g.full(0.0, dtype, &[cx.sizes[0]]);
     Ok(vec![cx.g.put(bins, x, updates, 0, Some(ReduceKind::Sum))])
+}
+
+/// The sum of a matrix's diagonal (int64 for integers). Bool matrices count
+/// their true diagonal elements as CUDA's kernel does (a diagonal's sum);
+/// CPU's has no bool version.
+fn trace(cx: &mut Cx) -> Result<Vec<V>> {
+    let t = cx.meta("self")?;
+    if t.sizes.len() != 2 {
+        return Err(Error::runtime(format!("trace: expected a matrix, but got tensor with dim {}", t.sizes.len())));
+    }
+    let dtype = if t.dtype.is_float() { t.dtype } else { DType::I64 };
+    let x = cx.tensor("self")?;
+    let x = cx.g.convert(x, opmath(dtype));
+    let diagonal = super::linalg::diagonal_mask(&mut cx.g, t.sizes);
+    let zero = cx.g.full(0.0, opmath(dtype), t.sizes);
+    let x = cx.g.select(diagonal, x, zero);
+    let r = cx.g.reduce(ReduceKind::Sum, x, &[0, 1]);
+    Ok(vec![cx.g.convert(r, dtype)])
 }
