@@ -9,6 +9,7 @@ use crate::lower::args::Tensor;
 
 pub static ENTRIES: &[Entry] = &[
     op_consts("linalg_vector_norm", vector_norm, &["ord"]),
+    op_consts("norm", norm, &["p"]),
     op("sum", |cx| accumulate(cx, ReduceKind::Sum)),
     op("prod", |cx| accumulate(cx, ReduceKind::Prod)),
     op("mean", mean),
@@ -530,8 +531,28 @@ fn vector_norm(cx: &mut Cx) -> Result<Vec<V>> {
             t.dtype.torch_name()
         )));
     }
-    let dtype = cx.dtype("dtype")?.unwrap_or(t.dtype);
     let ord = cx.const_f64("ord")?;
+    p_norm(cx, ord)
+}
+
+/// torch.norm's vector norms (`p` absent: 2), which CPU computes as
+/// linalg.vector_norm.
+fn norm(cx: &mut Cx) -> Result<Vec<V>> {
+    let t = cx.meta("self")?;
+    if !t.dtype.is_float() {
+        return Err(Error::not_implemented(format!(
+            "norm(): input dtype should be either floating point or complex. Got {} instead.",
+            t.dtype.torch_name()
+        )));
+    }
+    let ord = if cx.is_none("p") { 2.0 } else { cx.const_f64("p")? };
+    p_norm(cx, ord)
+}
+
+/// The `ord`-norm of `self` over `dim` (all if absent).
+fn p_norm(cx: &mut Cx, ord: f64) -> Result<Vec<V>> {
+    let t = cx.meta("self")?;
+    let dtype = cx.dtype("dtype")?.unwrap_or(t.dtype);
     let ct = opmath(dtype);
     let x = cx.tensor("self")?;
     let x = cx.g.convert(x, ct);
