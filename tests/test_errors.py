@@ -45,6 +45,14 @@ def test_bincount_rules(mode):
     raises_like_cpu(lambda a: torch.bincount(a, minlength=-1), x)
 
 
+def test_repeat_interleave_rules(mode):
+    """repeat_interleave's repeats are checked on the device (its length measured)."""
+    raises_like_cpu(torch.repeat_interleave, torch.tensor([-1, 2]))
+    raises_like_cpu(lambda r: torch.repeat_interleave(r, output_size=5), torch.tensor([1, 2]))
+    raises_like_cpu(torch.repeat_interleave, torch.tensor([[1, 2]]))
+    raises_like_cpu(torch.repeat_interleave, torch.tensor([1.0]))
+
+
 def test_dtype_rules(mode):
     raises_like_cpu(lambda a, b: torch.add(a, b, out=torch.empty(2, dtype=torch.long, device=a.device)),
                     torch.ones(2), torch.ones(2))

@@ -35,6 +35,7 @@ pub static ENTRIES: &[Entry] = &[
         unique_measure(cx, by_dim, false)
     }),
     op_measured("masked_select", masked_select, masked_measure),
+    op_measured("repeat_interleave", repeat_interleave, repeat_measure),
     op("masked_scatter", masked_scatter),
 ];
 
@@ -1088,4 +1089,67 @@ fn masked_scatter(cx: &mut Cx) -> Result<Vec<V>> {
     let picked = cx.g.take(source, at, 0);
     let r = cx.g.select(mask, picked, x);
     Ok(vec![cx.g.reshape(r, t.sizes)])
+}
+
+/// `repeat_interleave(repeats)`'s checks (a 1-D integer tensor): its length
+/// and dtype.
+fn repeats(cx: &Cx) -> Result<(i64, DType)> {
+    let r = cx.meta("repeats")?;
+    if r.sizes.len() != 1 {
+        return Err(Error::runtime("repeat_interleave only accept 1D vector as repeat"));
+    }
+    if !r.dtype.is_int() {
+        return Err(not_implemented("repeat_interleave_cpu", r.dtype));
+    }
+    Ok((r.sizes[0], r.dtype))
+}
+
+/// The result's length, the repeats' sum, unless `output_size` gives it.
+fn repeat_measure(cx: &mut Cx) -> Result<Vec<V>> {
+    repeats(cx)?;
+    if !cx.is_none("output_size") {
+        return Ok(vec![]);
+    }
+    let r = cx.tensor("repeats")?;
+    let r = cx.g.convert(r, DType::I64);
+    let total = cx.g.reduce(ReduceKind::Sum, r, &[0]);
+    let zero = cx.g.scalar(0.0, DType::I64);
+    let total = cx.g.binary("stablehlo.maximum", total, zero);
+    Ok(sizes_vector(cx, &[total]))
+}
+
+/// Index i repeated `repeats[i]` times: a 1 marked at each repeat's end,
+/// summed from the start.
+fn repeat_interleave(cx: &mut Cx) -> Result<Vec<V>> {
+    let (n, dtype) = repeats(cx)?;
+    let given = cx.opt_int("output_size")?;
+    let total = given.unwrap_or_else(|| cx.sizes[0]);
+    if n == 0 {
+        return Ok(vec![cx.g.full(0.0, dtype, &[total])]);
+    }
+    let reps = cx.tensor("repeats")?;
+    let reps = cx.g.convert(reps, DType::I64);
+    let zero = cx.g.full(0.0, DType::I64, &[n]);
+    let negative = cx.g.compare("LT", reps, zero);
+    let any = cx.g.reduce(ReduceKind::Or, negative, &[0]);
+    cx.check(any, None, Kind::Runtime, "repeats can not be negative");
+    let ends = running_sum(cx, reps);
+    if given.is_some() {
+        let last = cx.g.slice(ends, &[n - 1], &[n], &[1]);
+        let expected = cx.g.full(total as f64, DType::I64, &[1]);
+        let differs = cx.g.compare("NE", last, expected);
+        let differs = cx.g.reshape(differs, &[]);
+        cx.check(differs, None, Kind::Runtime, "allocated size does not match required size");
+    }
+    let marks = cx.g.full(0.0, DType::I64, &[total]);
+    let ones = cx.g.full(1.0, DType::I64, &[n]);
+    let marks = cx.g.put(marks, ends, ones, 0, Some(ReduceKind::Sum));
+    let index = running_sum(cx, marks);
+    Ok(vec![cx.g.convert(index, dtype)])
+}
+
+/// The inclusive running sum of a 1-D array.
+fn running_sum(cx: &mut Cx, x: V) -> V {
+    scan(cx, &[x], 0, &[ReduceKind::Sum], |cx, earlier, later| vec![cx.g.binary("stablehlo.add", later[0], earlier[0])])
+        [0]
 }
