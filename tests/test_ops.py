@@ -50,7 +50,7 @@ OPS = [
     "cat", "stack", "hstack", "vstack", "flip", "roll", "unfold", "index_select", "index_add", "index_copy", "gather", "take_along_dim",
     "scatter", "scatter_add", "scatter_reduce.sum", "scatter_reduce.prod", "scatter_reduce.mean",
     "scatter_reduce.amax", "scatter_reduce.amin", "index_reduce.prod", "index_reduce.mean", "index_reduce.amax",
-    "index_reduce.amin", "index_fill", "__getitem__", "index_put", "nonzero", "argwhere", "repeat_interleave",
+    "index_reduce.amin", "index_fill", "__getitem__", "index_put", "nonzero", "argwhere", "repeat_interleave", "take", "put",
     "masked_select", "masked_scatter", "combinations", "nonzero_static", "unique", "unique_consecutive", "fill", "zero_", "zeros", "ones", "full",
     "zeros_like", "ones_like", "full_like", "new_zeros", "new_ones", "new_full", "arange", "eye",
     "tril", "triu", "isposinf", "isneginf",
@@ -117,6 +117,7 @@ KNOWN_GAPS = {
        for name in ("fft.ihfft2", "fft.ihfftn")},
     ("linalg.eigh", "out"): "out= holds the raw eigenvectors, defined up to sign (compared in canonical form elsewhere)",
     ("kthvalue", "errors"): "adapter: out= aliasing an input gets the broadcast-shape error; CPU raises its overlap error first",
+    ("take", "errors"): "adapter: out= aliasing an input gets the broadcast-shape error; CPU raises its overlap error first",
 }
 
 # Debug mode runs this many samples per (op, dtype), fused and strict at

@@ -14,6 +14,8 @@ use crate::lower::args::Tensor;
 
 pub static ENTRIES: &[Entry] = &[
     op("index_select", index_select),
+    op("take", take),
+    op("put", put),
     op("index_add", index_add),
     op("index_copy", index_copy),
     op("gather", gather),
@@ -98,6 +100,73 @@ fn index_select(cx: &mut Cx) -> Result<Vec<V>> {
     }
     let idx = checked_indices(cx, idx, t.sizes[dim], true, Kind::Index, "index out of range in self".into());
     Ok(vec![cx.g.take(x, idx, dim)])
+}
+
+/// Elements of the flattened `self` at `index` (negatives from the end),
+/// shaped as `index`.
+fn take(cx: &mut Cx) -> Result<Vec<V>> {
+    let (t, it) = (cx.meta("self")?, cx.meta("index")?);
+    if it.dtype != DType::I64 {
+        return Err(Error::runtime(format!(
+            "take(): Expected a long tensor for index, but got {}",
+            it.dtype.torch_name()
+        )));
+    }
+    let (n, k) = (t.numel(), it.numel());
+    if n == 0 && k > 0 {
+        return Err(Error::index("take(): tried to take from an empty tensor"));
+    }
+    let x = cx.tensor("self")?;
+    let x = cx.g.reshape(x, &[n]);
+    let idx = cx.tensor("index")?;
+    let idx = cx.g.reshape(idx, &[k]);
+    let message = format!("out of range: tried to access index {{}} on a tensor of {n} elements.");
+    let idx = checked_indices(cx, idx, n, true, Kind::Index, message);
+    let r = cx.g.take(x, idx, 0);
+    Ok(vec![cx.g.reshape(r, it.sizes)])
+}
+
+/// `self` with `source` written (or, with `accumulate`, added) at `index`
+/// of its flattened elements.
+fn put(cx: &mut Cx) -> Result<Vec<V>> {
+    let (t, it, st) = (cx.meta("self")?, cx.meta("index")?, cx.meta("source")?);
+    if it.dtype != DType::I64 {
+        return Err(Error::runtime(format!(
+            "put_(): Expected a long tensor for index, but got {}",
+            it.dtype.torch_name()
+        )));
+    }
+    if t.dtype != st.dtype {
+        return Err(Error::runtime(format!(
+            "put_(): self and source expected to have the same dtype, but got self.dtype = {} and source.dtype = {}",
+            t.dtype.torch_name(),
+            st.dtype.torch_name()
+        )));
+    }
+    let (n, k) = (t.numel(), it.numel());
+    if st.numel() != k {
+        return Err(Error::index(format!(
+            "put_(): Expected source and index to have the same number of elements, but got source.numel() = {}, index.numel() = {k}",
+            st.numel()
+        )));
+    }
+    if n == 0 && k > 0 {
+        return Err(Error::index("put_(): Tried to put elements into an empty tensor"));
+    }
+    let x = cx.tensor("self")?;
+    if k == 0 {
+        return Ok(vec![x]);
+    }
+    let x = cx.g.reshape(x, &[n]);
+    let idx = cx.tensor("index")?;
+    let idx = cx.g.reshape(idx, &[k]);
+    let message = format!("out of range: tried to access index {{}} on a tensor of {n} elements.");
+    let idx = checked_indices(cx, idx, n, true, Kind::Index, message);
+    let src = cx.tensor("source")?;
+    let src = cx.g.reshape(src, &[k]);
+    let combine = cx.bool("accumulate")?.then_some(ReduceKind::Sum);
+    let r = cx.g.put(x, idx, src, 0, combine);
+    Ok(vec![cx.g.reshape(r, t.sizes)])
 }
 
 /// `self` with `alpha * source` slices added at `index` along `dim`.
