@@ -75,6 +75,7 @@ pub static ENTRIES: &[Entry] = &[
     op("logaddexp", |cx| logaddexp(cx, false)),
     op("logaddexp2", |cx| logaddexp(cx, true)),
     op("signbit", signbit),
+    op("equal", equal),
     op("angle", angle),
     op("xlogy", xlogy),
     op("frac", frac),
@@ -1121,4 +1122,16 @@ fn heaviside(cx: &mut Cx) -> Result<Vec<V>> {
     let positive = cx.g.compare("GT", v[0], zero);
     let step = cx.g.convert(positive, dtype);
     Ok(vec![cx.g.select(at_zero, v[1], step)])
+}
+
+/// torch.equal: same shape and equal values after promotion (NaN unequal).
+fn equal(cx: &mut Cx) -> Result<Vec<V>> {
+    let (a, b) = (cx.meta("self")?, cx.meta("other")?);
+    if a.sizes != b.sizes {
+        return Ok(vec![cx.g.scalar(0.0, DType::Bool)]);
+    }
+    let (v, _) = promoted(cx, &["self", "other"])?;
+    let same = cx.g.compare("EQ", v[0], v[1]);
+    let dims: Vec<usize> = (0..a.sizes.len()).collect();
+    Ok(vec![cx.g.reduce(crate::ir::ReduceKind::And, same, &dims)])
 }

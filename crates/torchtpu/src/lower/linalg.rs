@@ -17,6 +17,8 @@ pub static ENTRIES: &[Entry] = &[
     op("addmm", addmm),
     op("_addmm_activation", addmm_activation),
     op("baddbmm", baddbmm),
+    op("addbmm", addbmm),
+    op("linalg_cross", cross),
     op("addmv", addmv),
     op("dot", |cx| dot(cx, "tensor")),
     // Real vectors' vdot is their dot, with dot's checks and messages on CPU
@@ -252,6 +254,82 @@ fn baddbmm(cx: &mut Cx) -> Result<Vec<V>> {
     let p = product(cx, "batch1", "batch2", "baddbmm")?;
     let r = add_scaled(cx, p)?;
     finish(cx, r, b1.dtype)
+}
+
+/// `beta self + alpha Σ_b batch1[b] batch2[b]`: one product of the batches
+/// laid side by side ([n, B·k] by [B·k, p]).
+fn addbmm(cx: &mut Cx) -> Result<Vec<V>> {
+    let (t, b1, b2) = (cx.meta("self")?, cx.meta("batch1")?, cx.meta("batch2")?);
+    ensure!(b1.sizes.len() == 3, "batch1 must be a 3D tensor");
+    ensure!(b2.sizes.len() == 3, "batch2 must be a 3D tensor");
+    let (batches, n, k, p) = (b1.sizes[0], b1.sizes[1], b1.sizes[2], b2.sizes[2]);
+    expand_check(&t, &[n, p])?;
+    ensure!(
+        b2.sizes[0] == batches,
+        "batch1 and batch2 must have same number of batches, got {batches} and {}",
+        b2.sizes[0]
+    );
+    ensure!(b2.sizes[1] == k, "Incompatible matrix sizes for bmm ({n}x{k} and {}x{p})", b2.sizes[1]);
+    for (name, x) in [("self", &t), ("mat1", &b1)] {
+        ensure!(
+            x.dtype == b2.dtype,
+            "{name} and mat2 must have the same dtype, but got {} and {}",
+            x.dtype.torch_name(),
+            b2.dtype.torch_name()
+        );
+    }
+    let ct = opmath(b1.dtype);
+    let product = if batches * k == 0 {
+        cx.g.full(0.0, ct, &[n, p])
+    } else {
+        no_bool(b1.dtype, "addmm_impl_cpu_")?;
+        let (x, y) = (cx.tensor("batch1")?, cx.tensor("batch2")?);
+        let (x, y) = (cx.g.convert(x, ct), cx.g.convert(y, ct));
+        let x = cx.g.transpose(x, &[1, 0, 2]);
+        let x = cx.g.reshape(x, &[n, batches * k]);
+        let y = cx.g.reshape(y, &[batches * k, p]);
+        cx.g.matmul(x, y, cx.precision)
+    };
+    let r = add_scaled(cx, product)?;
+    finish(cx, r, b1.dtype)
+}
+
+/// The cross product of 3-vectors along `dim`, the batch broadcast.
+fn cross(cx: &mut Cx) -> Result<Vec<V>> {
+    let (a, b) = (cx.meta("self")?, cx.meta("other")?);
+    ensure!(a.sizes.len() == b.sizes.len(), "linalg.cross: inputs must have the same number of dimensions.");
+    let given = cx.int("dim")?;
+    let dim = super::wrap_dim(given, a.sizes.len())?;
+    ensure!(
+        a.sizes[dim] == 3 && b.sizes[dim] == 3,
+        "linalg.cross: inputs dimension {given} must have length 3. Got {} and {}",
+        a.sizes[dim],
+        b.sizes[dim]
+    );
+    ensure!(a.dtype == b.dtype, "expected scalar type {} but found {}", a.dtype.torch_name(), b.dtype.torch_name());
+    no_bool(a.dtype, "cross")?;
+    let ops = [cx.operand("self")?, cx.operand("other")?];
+    let v = cx.promote_to(&ops, opmath(a.dtype))?;
+    let shape = cx.g.ty(v[0]).shape.clone();
+    let part = |cx: &mut Cx, x: V, i: i64| {
+        let mut start = vec![0; shape.len()];
+        let mut limit = shape.clone();
+        start[dim] = i;
+        limit[dim] = i + 1;
+        cx.g.slice(x, &start, &limit, &vec![1; shape.len()])
+    };
+    let xs: Vec<V> = (0..3).map(|i| part(cx, v[0], i)).collect();
+    let ys: Vec<V> = (0..3).map(|i| part(cx, v[1], i)).collect();
+    let parts: Vec<V> = (0..3)
+        .map(|i| {
+            let (j, k) = ((i + 1) % 3, (i + 2) % 3);
+            let left = cx.g.binary("stablehlo.multiply", xs[j], ys[k]);
+            let right = cx.g.binary("stablehlo.multiply", xs[k], ys[j]);
+            cx.g.binary("stablehlo.subtract", left, right)
+        })
+        .collect();
+    let r = cx.g.concatenate(&parts, dim);
+    finish(cx, r, a.dtype)
 }
 
 /// `beta * self + alpha * (mat @ vec)`; `mv` arrives here too.
