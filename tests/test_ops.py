@@ -50,7 +50,7 @@ OPS = [
     "cat", "stack", "hstack", "vstack", "flip", "roll", "unfold", "index_select", "index_add", "index_copy", "gather", "take_along_dim",
     "scatter", "scatter_add", "scatter_reduce.sum", "scatter_reduce.prod", "scatter_reduce.mean",
     "scatter_reduce.amax", "scatter_reduce.amin", "index_reduce.prod", "index_reduce.mean", "index_reduce.amax",
-    "index_reduce.amin", "index_fill", "__getitem__", "index_put", "nonzero", "argwhere", "repeat_interleave", "take", "put",
+    "index_reduce.amin", "index_fill", "__getitem__", "index_put", "nonzero", "argwhere", "repeat_interleave", "take", "put", "searchsorted", "bucketize",
     "masked_select", "masked_scatter", "combinations", "nonzero_static", "unique", "unique_consecutive", "fill", "zero_", "zeros", "ones", "full",
     "zeros_like", "ones_like", "full_like", "new_zeros", "new_ones", "new_full", "arange", "eye",
     "tril", "triu", "isposinf", "isneginf",

@@ -1,7 +1,9 @@
 //! Sorting and order statistics. Everything is one stable `sort` of the
 //! values with their positions; NaN sorts above every number, as on CPU.
 //! Equal values keep their order: CPU's indices where CPU sorts stably
-//! (`stable=True`); its unstable sort orders them arbitrarily.
+//! (`stable=True`); its unstable sort orders them arbitrarily. Searches of
+//! sorted sequences (`searchsorted`, `bucketize`) run CPU's binary search,
+//! unrolled.
 use super::elementwise::not_implemented;
 use super::index::as_vector;
 use super::reduce::scan;
@@ -19,6 +21,8 @@ pub static ENTRIES: &[Entry] = &[
     op("nanmedian", |cx| median(cx, true)),
     op("mode", mode),
     op("isin", isin),
+    op("searchsorted", searchsorted),
+    op("bucketize", bucketize),
 ];
 
 /// `x` sorted along `dim`, and the i64 positions the values came from.
@@ -247,4 +251,141 @@ fn isin(cx: &mut Cx) -> Result<Vec<V>> {
     let eq = cx.g.compare("EQ", ev, tv);
     let found = cx.g.reduce(ReduceKind::Or, eq, &[rank]);
     Ok(vec![if cx.bool("invert")? { cx.g.unary("stablehlo.not", found) } else { found }])
+}
+
+/// `torch.searchsorted`: where each value would go in the sorted rows of
+/// `sorted_sequence` (a 1-D sequence serves every value; otherwise the rows
+/// match the values' leading dims), optionally read through `sorter`.
+fn searchsorted(cx: &mut Cx) -> Result<Vec<V>> {
+    let seq = cx.meta("sorted_sequence")?;
+    let right = cx.bool("right")?;
+    let side = if cx.is_none("side") { None } else { Some(cx.str("side")?) };
+    match side {
+        Some("left") if right => {
+            return Err(Error::runtime(
+                "torch.searchsorted(): side and right can't be set to opposites, got side of left while right was True",
+            ))
+        }
+        Some("left") | Some("right") | None => {}
+        Some(other) => {
+            return Err(Error::runtime(format!(
+                "torch.searchsorted(): side can only be 'left' or 'right' but got {other}"
+            )))
+        }
+    }
+    let right = right || side == Some("right");
+    let values: Vec<i64> = match cx.arg("self")? {
+        crate::lower::args::Arg::Tensor(_) => cx.meta("self")?.sizes.to_vec(),
+        _ => vec![],
+    };
+    let rank = seq.sizes.len();
+    if rank == 0 || (rank > 1 && (values.len() != rank || values[..rank - 1] != seq.sizes[..rank - 1])) {
+        if values.is_empty() && rank != 1 {
+            return Err(Error::runtime(format!(
+                "torch.searchsorted(): input value can be a scalar only when boundaries tensor dimension is 1, but we got boundaries tensor dim({rank}) and input value's dim(0) numel(1)"
+            )));
+        }
+        return Err(Error::runtime(format!(
+            "torch.searchsorted(): boundaries tensor should be 1 dimension or the first N-1 dimensions of boundaries tensor and input value tensor must match, but we got boundaries tensor {:?} and input value tensor {values:?}",
+            seq.sizes
+        )));
+    }
+    let sorter = if cx.is_none("sorter") {
+        None
+    } else {
+        let st = cx.meta("sorter")?;
+        ensure!(
+            st.dtype == DType::I64,
+            "torch.searchsorted(): sorter must be a tensor of long dtype but got {}",
+            st.dtype.torch_name()
+        );
+        ensure!(
+            st.sizes == seq.sizes,
+            "torch.searchsorted(): boundary and sorter must have the same size, but got boundary tensor {:?}and got sorter tensor {:?}",
+            seq.sizes,
+            st.sizes
+        );
+        Some(cx.tensor("sorter")?)
+    };
+    let out_int32 = cx.bool("out_int32")?;
+    search(cx, "sorted_sequence", "self", sorter, right, out_int32, &values)
+}
+
+/// `torch.bucketize`: searchsorted in 1-D `boundaries`.
+fn bucketize(cx: &mut Cx) -> Result<Vec<V>> {
+    let b = cx.meta("boundaries")?;
+    ensure!(b.sizes.len() == 1, "boundaries tensor must be 1 dimension, but got dim({})", b.sizes.len());
+    let values: Vec<i64> = match cx.arg("self")? {
+        crate::lower::args::Arg::Tensor(_) => cx.meta("self")?.sizes.to_vec(),
+        _ => vec![],
+    };
+    let (right, out_int32) = (cx.bool("right")?, cx.bool("out_int32")?);
+    search(cx, "boundaries", "self", None, right, out_int32, &values)
+}
+
+/// CPU's binary search of each value in its row of `seq` ([rows, m] with
+/// one row per value row, or one shared row), unrolled: lower bound
+/// (`!(mid >= v)` moves right) or upper bound (`!(mid > v)`), NaNs
+/// included, as CPU compares them.
+fn search(
+    cx: &mut Cx,
+    seq: &str,
+    value: &str,
+    sorter: Option<V>,
+    right: bool,
+    out_int32: bool,
+    shape: &[i64],
+) -> Result<Vec<V>> {
+    let st = cx.meta(seq)?;
+    let index = if out_int32 { DType::I32 } else { DType::I64 };
+    let m = *st.sizes.last().expect("a 1-D or wider sequence");
+    let n: i64 = shape.iter().product();
+    if n == 0 || m == 0 {
+        return Ok(vec![cx.g.full(0.0, index, shape)]);
+    }
+    let ops = [cx.operand(seq)?, cx.operand(value)?];
+    let dtype = cx.result_type(&ops);
+    if dtype == DType::Bool {
+        return Err(not_implemented("searchsorted_out_cpu", dtype));
+    }
+    let seq_v = cx.g.convert(ops[0].v, dtype);
+    let vals = cx.g.convert(ops[1].v, dtype);
+    let rows = st.numel() / m;
+    let per_row = n / rows;
+    let flat_seq = cx.g.reshape(seq_v, &[rows * m]);
+    let vals = cx.g.reshape(vals, &[rows, per_row]);
+    let sorter = sorter.map(|s| cx.g.reshape(s, &[rows * m]));
+    let base = cx.g.iota(DType::I64, &[rows, per_row], 0);
+    let width = cx.g.full(m as f64, DType::I64, &[rows, per_row]);
+    let base = cx.g.binary("stablehlo.multiply", base, width);
+    let mut start = cx.g.full(0.0, DType::I64, &[rows, per_row]);
+    let mut end = width;
+    let (one, two) = (cx.g.full(1.0, DType::I64, &[rows, per_row]), cx.g.full(2.0, DType::I64, &[rows, per_row]));
+    let last = cx.g.full((m - 1) as f64, DType::I64, &[rows, per_row]);
+    let steps = 64 - (m as u64).leading_zeros();
+    for _ in 0..=steps {
+        let active = cx.g.compare("LT", start, end);
+        let span = cx.g.binary("stablehlo.subtract", end, start);
+        let half = cx.g.binary("stablehlo.divide", span, two);
+        let mid = cx.g.binary("stablehlo.add", start, half);
+        let at = cx.g.binary("stablehlo.minimum", mid, last);
+        let at = cx.g.binary("stablehlo.add", base, at);
+        let at = match sorter {
+            Some(s) => {
+                let picked = cx.g.take(s, at, 0);
+                cx.g.binary("stablehlo.add", base, picked)
+            }
+            None => at,
+        };
+        let mid_val = cx.g.take(flat_seq, at, 0);
+        let stop = cx.g.compare(if right { "GT" } else { "GE" }, mid_val, vals);
+        let moves = cx.g.unary("stablehlo.not", stop);
+        let go_right = cx.g.binary("stablehlo.and", active, moves);
+        let go_left = cx.g.binary("stablehlo.and", active, stop);
+        let next = cx.g.binary("stablehlo.add", mid, one);
+        start = cx.g.select(go_right, next, start);
+        end = cx.g.select(go_left, mid, end);
+    }
+    let r = cx.g.reshape(start, shape);
+    Ok(vec![cx.g.convert(r, index)])
 }
