@@ -46,7 +46,8 @@ OPS = [
     # matrix products
     "mm", "bmm", "addmm", "addmm.decomposed", "baddbmm", "addbmm", "linalg.cross", "cross", "matmul", "mv", "dot", "vdot", "linalg.vecdot", "addmv",
     # shapes, indexing, factories
-    "linspace", "linspace.tensor_overload", "logspace", "logspace.tensor_overload",
+    "linspace", "linspace.tensor_overload", "logspace", "logspace.tensor_overload", "tril_indices", "triu_indices",
+    "nn.functional.channel_shuffle",
     "cat", "stack", "hstack", "vstack", "flip", "roll", "unfold", "index_select", "index_add", "index_copy", "gather", "take_along_dim",
     "scatter", "scatter_add", "scatter_reduce.sum", "scatter_reduce.prod", "scatter_reduce.mean",
     "scatter_reduce.amax", "scatter_reduce.amin", "index_reduce.prod", "index_reduce.mean", "index_reduce.amax",

@@ -6,7 +6,7 @@ use super::{op, op_complex, op_consts, Cx, Entry};
 use crate::ensure;
 use crate::error::{Error, Result};
 use crate::ir::dtype::{opmath, DType};
-use crate::ir::V;
+use crate::ir::{ReduceKind, V};
 
 pub static ENTRIES: &[Entry] = &[
     op_complex("fill", fill),
@@ -16,6 +16,8 @@ pub static ENTRIES: &[Entry] = &[
     op_consts("linspace", |cx| spaced(cx, false), &["start", "end"]),
     op_consts("logspace", |cx| spaced(cx, true), &["start", "end", "base"]),
     op("eye", eye),
+    op("tril_indices", |cx| triangle_indices(cx, true)),
+    op("triu_indices", |cx| triangle_indices(cx, false)),
 ];
 
 fn fill(cx: &mut Cx) -> Result<Vec<V>> {
@@ -111,6 +113,61 @@ fn spaced(cx: &mut Cx, log: bool) -> Result<Vec<V>> {
         points
     };
     Ok(vec![cx.g.convert(r, out.dtype)])
+}
+
+/// The [2, k] coordinates of a row x col matrix's lower (`tril_indices`) or
+/// upper triangle, row by row as CPU lists them. Each row's span is known
+/// here; on the device, each position finds its row by the marked ends of
+/// the rows before it, and its column from its offset in that row.
+fn triangle_indices(cx: &mut Cx, lower: bool) -> Result<Vec<V>> {
+    let (row, col, offset) = (cx.int("row")?, cx.int("col")?, cx.int("offset")?);
+    ensure!(row >= 0, "row must be non-negative, got{row}");
+    ensure!(col >= 0, "col must be non-negative, got{col}");
+    let dtype = cx.dtype("dtype")?.unwrap_or(DType::I64);
+    let name = if lower { "tril_indices" } else { "triu_indices" };
+    if !matches!(dtype, DType::I32 | DType::I64) {
+        return Err(super::elementwise::not_implemented(name, dtype));
+    }
+    // Each row's first column and count.
+    let spans: Vec<(i64, i64)> = (0..row)
+        .map(|r| {
+            if lower {
+                (0, (r + offset + 1).clamp(0, col))
+            } else {
+                let first = (r + offset).max(0);
+                (first, (col - first).max(0))
+            }
+        })
+        .collect();
+    let total: i64 = spans.iter().map(|s| s.1).sum();
+    if total == 0 {
+        return Ok(vec![cx.g.full(0.0, dtype, &[2, 0])]);
+    }
+    let mut ends = Vec::with_capacity(spans.len());
+    let mut starts = Vec::with_capacity(spans.len());
+    let mut at = 0;
+    for &(_, n) in &spans {
+        starts.push(at as f64);
+        at += n;
+        ends.push(at as f64);
+    }
+    let firsts: Vec<f64> = spans.iter().map(|s| s.0 as f64).collect();
+    let ends = cx.g.constant(&ends, DType::I64);
+    let marks = cx.g.full(0.0, DType::I64, &[total]);
+    let ones = cx.g.full(1.0, DType::I64, &[row]);
+    let marks = cx.g.put(marks, ends, ones, 0, Some(ReduceKind::Sum));
+    let rows = super::index::running_sum(cx, marks);
+    let starts = cx.g.constant(&starts, DType::I64);
+    let firsts = cx.g.constant(&firsts, DType::I64);
+    let start = cx.g.take(starts, rows, 0);
+    let first = cx.g.take(firsts, rows, 0);
+    let position = cx.g.iota(DType::I64, &[total], 0);
+    let cols = cx.g.binary("stablehlo.subtract", position, start);
+    let cols = cx.g.binary("stablehlo.add", cols, first);
+    let rows = cx.g.reshape(rows, &[1, total]);
+    let cols = cx.g.reshape(cols, &[1, total]);
+    let r = cx.g.concatenate(&[rows, cols], 0);
+    Ok(vec![cx.g.convert(r, dtype)])
 }
 
 /// The n x m identity (`eye(n)`: n x n), in out's dtype.

@@ -1218,7 +1218,7 @@ fn repeat_interleave(cx: &mut Cx) -> Result<Vec<V>> {
 }
 
 /// The inclusive running sum of a 1-D array.
-fn running_sum(cx: &mut Cx, x: V) -> V {
+pub(super) fn running_sum(cx: &mut Cx, x: V) -> V {
     scan(cx, &[x], 0, &[ReduceKind::Sum], |cx, earlier, later| vec![cx.g.binary("stablehlo.add", later[0], earlier[0])])
         [0]
 }

@@ -13,7 +13,40 @@ pub static ENTRIES: &[Entry] = &[
     op("tril", |cx| triangle(cx, true)),
     op("triu", |cx| triangle(cx, false)),
     op("unfold_backward", unfold_backward),
+    op("channel_shuffle", channel_shuffle),
+    op("native_channel_shuffle", channel_shuffle),
 ];
+
+/// Channels [g, C/g] transposed to [C/g, g] (ShuffleNet's shuffle).
+fn channel_shuffle(cx: &mut Cx) -> Result<Vec<V>> {
+    let t = cx.meta("self")?;
+    let groups = cx.int("groups")?;
+    if groups <= 0 {
+        return Err(Error::runtime(format!(
+            "Number of groups to divide channels in must be positive. Value of groups:{groups}"
+        )));
+    }
+    if t.sizes.len() <= 2 {
+        return Err(Error::runtime(format!(
+            "channel_shuffle expects input with > 2 dims, but got input with sizes {:?}",
+            t.sizes
+        )));
+    }
+    let c = t.sizes[1];
+    if c % groups != 0 {
+        return Err(Error::runtime(format!(
+            "Number of channels must be divisible by groups. Got {c} channels and {groups} groups."
+        )));
+    }
+    let x = cx.tensor("self")?;
+    let mut split = vec![t.sizes[0], groups, c / groups];
+    split.extend(&t.sizes[2..]);
+    let x = cx.g.reshape(x, &split);
+    let mut perm: Vec<i64> = (0..split.len() as i64).collect();
+    perm.swap(1, 2);
+    let x = cx.g.transpose(x, &perm);
+    Ok(vec![cx.g.reshape(x, t.sizes)])
+}
 
 /// PyTorch's checks that `t` expands to `target` (`Tensor.expand`).
 pub fn expand_check(t: &Tensor, target: &[i64]) -> Result<()> {
