@@ -53,6 +53,7 @@ mod rnn;
 mod roi;
 mod shape;
 mod sort;
+mod unpool;
 
 pub type Lowering = fn(&mut Cx) -> Result<Vec<V>>;
 
@@ -138,6 +139,7 @@ fn table() -> impl Iterator<Item = &'static Entry> {
         roi::ENTRIES,
         shape::ENTRIES,
         sort::ENTRIES,
+        unpool::ENTRIES,
         COPY_ENTRIES,
     ]
     .into_iter()
