@@ -187,6 +187,17 @@ def test_trace_of_bool_follows_cuda():
     assert actual.dtype == torch.int64 and actual.item() == 1
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_antialiased_resize_of_half_types_follows_cuda(dtype):
+    """CPU's antialiased resize takes float32 and float64 only; CUDA's also
+    takes float16 and bfloat16 (computed in float32)."""
+    x = torch.rand(1, 3, 20, 30).to(dtype)
+    actual = torch.nn.functional.interpolate(x.to("tpu"), size=(7, 11), mode="bilinear", antialias=True)
+    expected = torch.nn.functional.interpolate(x.float(), size=(7, 11), mode="bilinear", antialias=True)
+    assert actual.dtype == dtype
+    torch.testing.assert_close(actual.cpu(), expected.to(dtype))
+
+
 def test_precision_probes():
     """What libraries ask a device module before choosing bf16 mixed precision
     (Accelerate, Lightning, transformers' `is_torch_bf16_gpu_available`-style checks)."""

@@ -47,7 +47,7 @@ OPS = [
     "mm", "bmm", "addmm", "addmm.decomposed", "baddbmm", "addbmm", "linalg.cross", "cross", "matmul", "mv", "dot", "vdot", "linalg.vecdot", "addmv",
     # shapes, indexing, factories
     "linspace", "linspace.tensor_overload", "logspace", "logspace.tensor_overload", "tril_indices", "triu_indices",
-    "nn.functional.channel_shuffle", "nn.functional.max_unpool1d", "nn.functional.max_unpool2d", "nn.functional.max_unpool3d",
+    "_upsample_bilinear2d_aa", "nn.functional.channel_shuffle", "nn.functional.max_unpool1d", "nn.functional.max_unpool2d", "nn.functional.max_unpool3d",
     "nn.functional.max_unpool1d.grad", "nn.functional.max_unpool2d.grad", "nn.functional.max_unpool3d.grad",
     "cat", "stack", "hstack", "vstack", "flip", "roll", "unfold", "index_select", "index_add", "index_copy", "gather", "take_along_dim",
     "scatter", "scatter_add", "scatter_reduce.sum", "scatter_reduce.prod", "scatter_reduce.mean",

@@ -48,6 +48,10 @@ pub static ENTRIES: &[Entry] = &[
     op_consts("upsample_bilinear2d_backward", |cx| upsample_backward(cx, Mode::Linear), SCALES).laid_out(GRAD),
     op_consts("upsample_trilinear3d_backward", |cx| upsample_backward(cx, Mode::Linear), SCALES).laid_out(GRAD),
     op_consts("upsample_bicubic2d_backward", |cx| upsample_backward(cx, Mode::Cubic), SCALES),
+    op_consts("_upsample_bilinear2d_aa", |cx| upsample(cx, Mode::LinearAa, 2), SCALES).laid_out(INPUT),
+    op_consts("_upsample_bicubic2d_aa", |cx| upsample(cx, Mode::CubicAa, 2), SCALES).laid_out(INPUT),
+    op_consts("_upsample_bilinear2d_aa_backward", |cx| upsample_backward(cx, Mode::LinearAa), SCALES).laid_out(GRAD),
+    op_consts("_upsample_bicubic2d_aa_backward", |cx| upsample_backward(cx, Mode::CubicAa), SCALES),
 ];
 
 /// One tap of a dimension's resampling: for each output position, the
@@ -118,6 +122,10 @@ enum Mode {
     NearestExact,
     Linear,
     Cubic,
+    /// Antialiased (`antialias=True`): a triangle or cubic (a = -0.5)
+    /// filter stretched over the input positions an output covers.
+    LinearAa,
+    CubicAa,
 }
 
 /// Host arithmetic in CPU's accumulation type: float32 unless double.
@@ -175,6 +183,64 @@ fn cubic_weights(t: f64, double: bool) -> [f64; 4] {
     [far(r(t + 1.0)), near(t), near(r(1.0 - t)), far(r(r(1.0 - t) + 1.0))]
 }
 
+/// The antialiasing filters of `_compute_weights_aa`.
+fn aa_filter(x: f64, cubic: bool, double: bool) -> f64 {
+    let r = |v: f64| round_acc(v, double);
+    let x = x.abs();
+    if !cubic {
+        return if x < 1.0 { r(1.0 - x) } else { 0.0 };
+    }
+    let a = -0.5;
+    if x < 1.0 {
+        r(r(r(r(r((a + 2.0) * x) - (a + 3.0)) * x) * x) + 1.0)
+    } else if x < 2.0 {
+        r(r(r(r(r(r(a * x) - 5.0 * a) * x) + 8.0 * a) * x) - 4.0 * a)
+    } else {
+        0.0
+    }
+}
+
+/// Antialiased taps (`_compute_indices_min_size_weights_aa`): output `o`
+/// reads the inputs within `support` of its center `scale (o + 1/2)`,
+/// weighted by the filter and normalized to sum 1; shorter windows are
+/// padded with zero weights.
+fn aa_taps(input: i64, output: i64, align: bool, scale: Option<f64>, cubic: bool, double: bool) -> Vec<Tap> {
+    let r = |v: f64| round_acc(v, double);
+    let scale = if align {
+        if output > 1 {
+            r(r((input - 1) as f64) / (output - 1) as f64)
+        } else {
+            0.0
+        }
+    } else {
+        scale_value(scale, input, output, double)
+    };
+    let half = if cubic { 2.0 } else { 1.0 };
+    let support = if scale >= 1.0 { r(half * scale) } else { half };
+    let invscale = if scale >= 1.0 { r(1.0 / scale) } else { 1.0 };
+    let width = (support.ceil() as usize) * 2 + 1;
+    let mut taps: Vec<Tap> =
+        (0..width).map(|_| Tap { index: Vec::with_capacity(output as usize), weight: Some(vec![]) }).collect();
+    for o in 0..output {
+        let center = r(scale * r(o as f64 + 0.5));
+        let xmin = (r(r(center - support) + 0.5) as i64).max(0);
+        let xsize = ((r(r(center + support) + 0.5) as i64).min(input) - xmin).max(0) as usize;
+        let mut w: Vec<f64> = (0..xsize)
+            .map(|j| aa_filter(r(r(r((j as i64 + xmin) as f64 - center) + 0.5) * invscale), cubic, double))
+            .collect();
+        let total = w.iter().fold(0.0, |t, &v| r(t + v));
+        if total != 0.0 {
+            w.iter_mut().for_each(|v| *v = r(*v / total));
+        }
+        for (k, tap) in taps.iter_mut().enumerate() {
+            let inside = k < xsize;
+            tap.index.push(if inside { xmin + k as i64 } else { xmin.min(input - 1) });
+            tap.weight.as_mut().expect("weighted").push(if inside { w[k] } else { 0.0 });
+        }
+    }
+    taps
+}
+
 /// One dimension's taps, as CPU's upsample kernels compute them.
 fn taps(mode: Mode, input: i64, output: i64, align: bool, scale: Option<f64>, double: bool) -> Vec<Tap> {
     match mode {
@@ -200,6 +266,7 @@ fn taps(mode: Mode, input: i64, output: i64, align: bool, scale: Option<f64>, do
             let l0 = l1.iter().map(|&l| round_acc(1.0 - l, double)).collect();
             vec![Tap { index: i0, weight: Some(l0) }, Tap { index: i1, weight: Some(l1) }]
         }
+        Mode::LinearAa | Mode::CubicAa => aa_taps(input, output, align, scale, mode == Mode::CubicAa, double),
         Mode::Cubic => {
             let src = source_positions(input, output, align, scale, true, double);
             let floor: Vec<i64> = src.iter().map(|&x| x.floor() as i64).collect();
@@ -235,7 +302,9 @@ fn upsample_plan(cx: &Cx, mode: Mode, input: &[i64], output: &[i64], dtype: DTyp
         .collect()
 }
 
-/// Only nearest modes accept integer inputs (and uint8 only), as on CPU.
+/// Only nearest modes accept integer inputs (and uint8 only), as on CPU;
+/// antialiased modes accept float16 and bfloat16 as CUDA's kernels do
+/// (CPU's accept float32 and float64 only).
 /// Its error names the kernel it picks: a channels-last one for 2-d and
 /// 3-d nearest and (bi/tri)linear modes on channels-last inputs of more
 /// than 3 channels, and for 2-d outputs of at most 128 rows plus columns;
@@ -255,6 +324,7 @@ fn check_dtype(mode: Mode, t: &Tensor, output: &[i64]) -> Result<()> {
         (Mode::Nearest | Mode::NearestExact, _) => "compute_indices_weights_nearest".into(),
         (Mode::Linear, _) => "compute_indices_weights_linear".into(),
         (Mode::Cubic, _) => "compute_indices_weights_cubic".into(),
+        (Mode::LinearAa | Mode::CubicAa, _) => "compute_index_ranges_weights".into(),
     };
     Err(not_implemented(&kernel, t.dtype))
 }
@@ -264,6 +334,10 @@ fn upsample(cx: &mut Cx, mode: Mode, d: usize) -> Result<Vec<V>> {
     let output = cx.ints("output_size")?;
     if output.len() != d {
         return Err(Error::runtime(format!("It is expected output_size equals to {d}, but got size {}", output.len())));
+    }
+    if t.dtype == DType::U8 && matches!(mode, Mode::LinearAa | Mode::CubicAa) {
+        // CPU resamples uint8 images with PIL's fixed-point weights.
+        return Err(Error::fallback("torchtpu: antialiased uint8 resizing runs CPU's fixed-point kernel"));
     }
     check_dtype(mode, &t, &output)?;
     let ct = opmath(t.dtype);
