@@ -77,7 +77,10 @@ pub static ENTRIES: &[Entry] = &[
     op("signbit", signbit),
     op("equal", equal),
     op("angle", angle),
-    op("xlogy", xlogy),
+    op("xlogy", |cx| xlogy(cx, "stablehlo.log")),
+    op("special_xlog1py", |cx| xlogy(cx, "stablehlo.log_plus_one")),
+    op("special_entr", entr),
+    op("nextafter", nextafter),
     op("frac", frac),
     op("logit", logit),
     op("logit_backward", logit_backward),
@@ -964,10 +967,11 @@ fn angle(cx: &mut Cx) -> Result<Vec<V>> {
     finish(cx, r, dtype)
 }
 
-/// x·log(y), 0 where x is 0 unless y is NaN.
-fn xlogy(cx: &mut Cx) -> Result<Vec<V>> {
+/// x·log(y) (`log` "stablehlo.log"; xlog1py: x·log1p(y)), 0 where x is 0
+/// unless y is NaN.
+fn xlogy(cx: &mut Cx, log: &'static str) -> Result<Vec<V>> {
     let (x, y, dtype) = float_pair(cx, None)?;
-    let log = cx.g.unary("stablehlo.log", y);
+    let log = cx.g.unary(log, y);
     let r = cx.g.binary("stablehlo.multiply", x, log);
     let zero = full_like(cx, 0.0, x);
     let x_zero = cx.g.compare("EQ", x, zero);
@@ -1134,4 +1138,29 @@ fn equal(cx: &mut Cx) -> Result<Vec<V>> {
     let same = cx.g.compare("EQ", v[0], v[1]);
     let dims: Vec<usize> = (0..a.sizes.len()).collect();
     Ok(vec![cx.g.reduce(crate::ir::ReduceKind::And, same, &dims)])
+}
+
+/// -x·ln(x) for x > 0, 0 at 0, -inf below (NaN stays NaN).
+fn entr(cx: &mut Cx) -> Result<Vec<V>> {
+    let (x, dtype) = float_operand(cx)?;
+    let log = cx.g.unary("stablehlo.log", x);
+    let xlog = cx.g.binary("stablehlo.multiply", x, log);
+    let r = cx.g.unary("stablehlo.negate", xlog);
+    let zero = full_like(cx, 0.0, x);
+    let at_zero = cx.g.compare("EQ", x, zero);
+    let r = cx.g.select(at_zero, zero, r);
+    let below = cx.g.compare("LT", x, zero);
+    let minus_inf = full_like(cx, f64::NEG_INFINITY, x);
+    let r = cx.g.select(below, minus_inf, r);
+    finish(cx, r, dtype)
+}
+
+/// The next representable value after self toward other, in the operands'
+/// own float type (float16/bfloat16 step by their own ulps).
+fn nextafter(cx: &mut Cx) -> Result<Vec<V>> {
+    let ops = [cx.operand("self")?, cx.operand("other")?];
+    let dtype = cx.result_type(&ops);
+    float_only(dtype, "nextafter_cpu")?;
+    let v = cx.promote_to(&ops, dtype)?;
+    Ok(vec![cx.g.binary("chlo.next_after", v[0], v[1])])
 }
