@@ -236,6 +236,13 @@ fn one_plus_exp_neg(cx: &mut Cx, x: V) -> V {
     add(cx, one, e)
 }
 
+/// `1 / (1 + exp(-x))`.
+fn sigmoid_of(cx: &mut Cx, x: V) -> V {
+    let d = one_plus_exp_neg(cx, x);
+    let one = full_like(cx, 1.0, x);
+    div(cx, one, d)
+}
+
 /// `x / (1 + exp(-x))`.
 fn silu(cx: &mut Cx) -> Result<Vec<V>> {
     let (x, dtype) = float_self(cx, "silu_cpu")?;
@@ -248,9 +255,8 @@ fn silu(cx: &mut Cx) -> Result<Vec<V>> {
 fn silu_backward(cx: &mut Cx) -> Result<Vec<V>> {
     let (v, dtype) = promoted(cx, &["grad_output", "self"])?;
     let (g, x) = (v[0], v[1]);
-    let d = one_plus_exp_neg(cx, x);
+    let s = sigmoid_of(cx, x);
     let one = full_like(cx, 1.0, x);
-    let s = div(cx, one, d);
     let oms = sub(cx, one, s);
     let xo = mul(cx, x, oms);
     let f = add(cx, one, xo);
@@ -424,9 +430,8 @@ fn mish_backward(cx: &mut Cx) -> Result<Vec<V>> {
     let (v, dtype) = promoted(cx, &["grad_output", "self"])?;
     let (g, x) = (v[0], v[1]);
     let t = mish_gate(cx, x);
-    let d = one_plus_exp_neg(cx, x);
+    let sigmoid = sigmoid_of(cx, x);
     let one = full_like(cx, 1.0, x);
-    let sigmoid = div(cx, one, d);
     let t2 = mul(cx, t, t);
     let rest = sub(cx, one, t2);
     let xs = mul(cx, x, sigmoid);
@@ -1110,9 +1115,8 @@ fn glu_backward(cx: &mut Cx) -> Result<Vec<V>> {
     let (g, x) = (cx.tensor("grad_output")?, cx.tensor("self")?);
     let (g, x) = (cx.g.convert(g, opmath(dtype)), cx.g.convert(x, opmath(dtype)));
     let (a, b, dim) = glu_halves(cx, x)?;
-    let d = one_plus_exp_neg(cx, b);
+    let s = sigmoid_of(cx, b);
     let one = full_like(cx, 1.0, b);
-    let s = div(cx, one, d);
     let grad_a = mul(cx, g, s);
     let oms = sub(cx, one, s);
     let ga = mul(cx, grad_a, a);

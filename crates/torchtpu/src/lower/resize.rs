@@ -145,19 +145,22 @@ fn scale_value(scale: Option<f64>, input: i64, output: i64, double: bool) -> f64
     }
 }
 
+/// `area_pixel_compute_scale`: input positions per output position.
+fn pixel_scale(input: i64, output: i64, align: bool, scale: Option<f64>, double: bool) -> f64 {
+    if !align {
+        scale_value(scale, input, output, double)
+    } else if output > 1 {
+        round_acc(round_acc((input - 1) as f64, double) / (output - 1) as f64, double)
+    } else {
+        0.0
+    }
+}
+
 /// `area_pixel_compute_scale` and `area_pixel_compute_source_index`: the
 /// fractional source position of each output position.
 fn source_positions(input: i64, output: i64, align: bool, scale: Option<f64>, cubic: bool, double: bool) -> Vec<f64> {
     let r = |x: f64| round_acc(x, double);
-    let s = if align {
-        if output > 1 {
-            r(r((input - 1) as f64) / (output - 1) as f64)
-        } else {
-            0.0
-        }
-    } else {
-        scale_value(scale, input, output, double)
-    };
+    let s = pixel_scale(input, output, align, scale, double);
     (0..output)
         .map(|o| {
             if align {
@@ -206,15 +209,7 @@ fn aa_filter(x: f64, cubic: bool, double: bool) -> f64 {
 /// padded with zero weights.
 fn aa_taps(input: i64, output: i64, align: bool, scale: Option<f64>, cubic: bool, double: bool) -> Vec<Tap> {
     let r = |v: f64| round_acc(v, double);
-    let scale = if align {
-        if output > 1 {
-            r(r((input - 1) as f64) / (output - 1) as f64)
-        } else {
-            0.0
-        }
-    } else {
-        scale_value(scale, input, output, double)
-    };
+    let scale = pixel_scale(input, output, align, scale, double);
     let half = if cubic { 2.0 } else { 1.0 };
     let support = if scale >= 1.0 { r(half * scale) } else { half };
     let invscale = if scale >= 1.0 { r(1.0 / scale) } else { 1.0 };
