@@ -576,14 +576,14 @@ TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
 // PyTorch otherwise decomposes (layer_norm into batch_norm), mode, whose
 // composite kernel accepts only CPU, CUDA and XPU tensors, conj_physical_,
 // whose composite kernel calls a CPU/CUDA kernel stub directly, and
-// silu_backward, whose composite rounds each step to bfloat16 where CPU's
-// kernel computes in float, and _grouped_mm, whose composite reads the
+// silu_backward and mish_backward, whose composites round each step to
+// bfloat16 where CPU's kernels compute in float, and _grouped_mm, whose composite reads the
 // groups' offsets on the host and so compiles a program per routing
 // (test_device checks no other lowering is hidden).
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   for (const char* name : {"convolution_overrideable", "convolution_backward_overrideable", "native_layer_norm",
                            "native_group_norm", "mode", "mode.values", "conj_physical_", "silu_backward",
-                           "_grouped_mm"}) {
+                           "mish_backward", "_grouped_mm"}) {
     m.impl(name, torch::CppFunction::makeFromBoxedFunction<&torchtpu::fallback>());
   }
 }

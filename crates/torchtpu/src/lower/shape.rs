@@ -14,7 +14,6 @@ pub static ENTRIES: &[Entry] = &[
     op("triu", |cx| triangle(cx, false)),
     op("unfold_backward", unfold_backward),
     op("channel_shuffle", channel_shuffle),
-    op("native_channel_shuffle", channel_shuffle),
 ];
 
 /// Channels [g, C/g] transposed to [C/g, g] (ShuffleNet's shuffle).
