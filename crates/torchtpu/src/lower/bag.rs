@@ -7,7 +7,6 @@
 //! backward operators read them.
 use super::index::checked_indices;
 use super::nn::{div, expect_types, mul};
-use super::reduce::scan;
 use super::{op, Cx, Entry};
 use crate::ensure;
 use crate::error::{Error, Kind, Result};
@@ -45,13 +44,8 @@ fn read_indices(cx: &mut Cx, rows: i64) -> Result<(V, V)> {
 
 /// Each index's bag: the number of offsets at or before it, less one.
 fn offset2bag(cx: &mut Cx, offsets: V, n: i64) -> V {
-    let k = cx.g.ty(offsets).shape[0];
     let offsets = cx.g.convert(offsets, DType::I64);
-    let zeros = cx.g.full(0.0, DType::I64, &[n + 1]);
-    let ones = cx.g.full(1.0, DType::I64, &[k]);
-    let starts = cx.g.put(zeros, offsets, ones, 0, Some(ReduceKind::Sum));
-    let counts = scan(cx, &[starts], 0, &[ReduceKind::Sum], |cx, a, b| vec![cx.g.binary("stablehlo.add", b[0], a[0])]);
-    let counts = cx.g.slice_dim(counts[0], 0, 0, n, 1);
+    let counts = super::index::counted_up_to(cx, offsets, n);
     let one = cx.g.full(1.0, DType::I64, &[n]);
     cx.g.binary("stablehlo.subtract", counts, one)
 }

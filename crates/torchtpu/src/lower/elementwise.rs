@@ -461,11 +461,8 @@ fn int_pow(cx: &mut Cx, base: V, exp: V) -> V {
 
 /// Binary op whose integer inputs produce the default float dtype.
 fn float_binary(cx: &mut Cx, name: &'static str) -> Result<Vec<V>> {
-    let ops = [cx.operand("self")?, cx.operand("other")?];
-    let common = cx.result_type(&ops);
-    let dtype = if common.is_float() { common } else { DEFAULT_FLOAT };
-    let v = cx.promote_to(&ops, opmath(dtype))?;
-    let r = cx.g.binary(name, v[0], v[1]);
+    let (a, b, dtype) = float_pair(cx, None)?;
+    let r = cx.g.binary(name, a, b);
     finish(cx, r, dtype)
 }
 

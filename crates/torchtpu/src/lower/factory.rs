@@ -6,7 +6,7 @@ use super::{op, op_complex, op_consts, Cx, Entry};
 use crate::ensure;
 use crate::error::{Error, Result};
 use crate::ir::dtype::{opmath, DType};
-use crate::ir::{ReduceKind, V};
+use crate::ir::V;
 
 pub static ENTRIES: &[Entry] = &[
     op_complex("fill", fill),
@@ -153,10 +153,7 @@ fn triangle_indices(cx: &mut Cx, lower: bool) -> Result<Vec<V>> {
     }
     let firsts: Vec<f64> = spans.iter().map(|s| s.0 as f64).collect();
     let ends = cx.g.constant(&ends, DType::I64);
-    let marks = cx.g.full(0.0, DType::I64, &[total]);
-    let ones = cx.g.full(1.0, DType::I64, &[row]);
-    let marks = cx.g.put(marks, ends, ones, 0, Some(ReduceKind::Sum));
-    let rows = super::index::running_sum(cx, marks);
+    let rows = super::index::counted_up_to(cx, ends, total);
     let starts = cx.g.constant(&starts, DType::I64);
     let firsts = cx.g.constant(&firsts, DType::I64);
     let start = cx.g.take(starts, rows, 0);

@@ -1210,15 +1210,24 @@ fn repeat_interleave(cx: &mut Cx) -> Result<Vec<V>> {
         let differs = cx.g.reshape(differs, &[]);
         cx.check(differs, None, Kind::Runtime, "allocated size does not match required size");
     }
-    let marks = cx.g.full(0.0, DType::I64, &[total]);
-    let ones = cx.g.full(1.0, DType::I64, &[n]);
-    let marks = cx.g.put(marks, ends, ones, 0, Some(ReduceKind::Sum));
-    let index = running_sum(cx, marks);
+    let index = counted_up_to(cx, ends, total);
     Ok(vec![cx.g.convert(index, dtype)])
 }
 
+/// For each position in [0, n), how many of `positions` (i64[k]) are at or
+/// before it: ones scattered at the positions, then a running sum (one at n
+/// or past it counts nowhere).
+pub(super) fn counted_up_to(cx: &mut Cx, positions: V, n: i64) -> V {
+    let k = cx.g.ty(positions).shape[0];
+    let zeros = cx.g.full(0.0, DType::I64, &[n + 1]);
+    let ones = cx.g.full(1.0, DType::I64, &[k]);
+    let marks = cx.g.put(zeros, positions, ones, 0, Some(ReduceKind::Sum));
+    let counts = running_sum(cx, marks);
+    cx.g.slice_dim(counts, 0, 0, n, 1)
+}
+
 /// The inclusive running sum of a 1-D array.
-pub(super) fn running_sum(cx: &mut Cx, x: V) -> V {
+fn running_sum(cx: &mut Cx, x: V) -> V {
     scan(cx, &[x], 0, &[ReduceKind::Sum], |cx, earlier, later| vec![cx.g.binary("stablehlo.add", later[0], earlier[0])])
         [0]
 }

@@ -274,10 +274,7 @@ fn searchsorted(cx: &mut Cx) -> Result<Vec<V>> {
         }
     }
     let right = right || side == Some("right");
-    let values: Vec<i64> = match cx.arg("self")? {
-        crate::lower::args::Arg::Tensor(_) => cx.meta("self")?.sizes.to_vec(),
-        _ => vec![],
-    };
+    let values = value_shape(cx)?;
     let rank = seq.sizes.len();
     if rank == 0 || (rank > 1 && (values.len() != rank || values[..rank - 1] != seq.sizes[..rank - 1])) {
         if values.is_empty() && rank != 1 {
@@ -311,14 +308,19 @@ fn searchsorted(cx: &mut Cx) -> Result<Vec<V>> {
     search(cx, "sorted_sequence", "self", sorter, right, out_int32, &values)
 }
 
+/// The shape of the searched values: a tensor's, or [] for a number.
+fn value_shape(cx: &Cx) -> Result<Vec<i64>> {
+    Ok(match cx.arg("self")? {
+        crate::lower::args::Arg::Tensor(_) => cx.meta("self")?.sizes.to_vec(),
+        _ => vec![],
+    })
+}
+
 /// `torch.bucketize`: searchsorted in 1-D `boundaries`.
 fn bucketize(cx: &mut Cx) -> Result<Vec<V>> {
     let b = cx.meta("boundaries")?;
     ensure!(b.sizes.len() == 1, "boundaries tensor must be 1 dimension, but got dim({})", b.sizes.len());
-    let values: Vec<i64> = match cx.arg("self")? {
-        crate::lower::args::Arg::Tensor(_) => cx.meta("self")?.sizes.to_vec(),
-        _ => vec![],
-    };
+    let values = value_shape(cx)?;
     let (right, out_int32) = (cx.bool("right")?, cx.bool("out_int32")?);
     search(cx, "boundaries", "self", None, right, out_int32, &values)
 }
