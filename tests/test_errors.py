@@ -71,6 +71,35 @@ def test_elementwise_argument_rules(mode):
     raises_like_cpu(lambda a: torch.add(a, a, out=a[1:]), torch.arange(5.0))
 
 
+def test_number_argument_rules(mode):
+    """CPU's rules on the values of number arguments, which plans do not
+    carry (one plan serves every value): checked on each call."""
+    raises_like_cpu(lambda a: a.fill_(300), torch.zeros(2, dtype=torch.uint8))
+    raises_like_cpu(lambda a: a.fill_(-1.0), torch.zeros(2, dtype=torch.uint8))
+    raises_like_cpu(lambda a: a.fill_(1e6), torch.zeros(2, dtype=torch.float16))
+    raises_like_cpu(lambda a: a.fill_(float("nan")), torch.zeros(2, dtype=torch.int32))
+    raises_like_cpu(lambda a: torch.full_like(a, 128), torch.zeros(2, dtype=torch.int8))
+    raises_like_cpu(lambda a, m: a.masked_fill(m, 256), torch.zeros(2, dtype=torch.uint8), torch.tensor([True, False]))
+    raises_like_cpu(lambda a, i: a.index_fill(0, i, -129), torch.zeros(2, dtype=torch.int8), torch.tensor([0]))
+    raises_like_cpu(lambda a, i: a.scatter(0, i, 1e40), torch.zeros(2), torch.tensor([0]))
+    raises_like_cpu(lambda a: a ** -2, torch.arange(3))
+    # What CPU accepts: -1 wraps into uint8, infinities fill floats, a tensor of negative exponents computes.
+    assert synced(lambda: torch.zeros(2, dtype=torch.uint8, device="tpu").fill_(-1)).tolist() == [255, 255]
+    assert synced(lambda: torch.zeros(1, dtype=torch.float16, device="tpu").fill_(float("-inf"))).item() == float("-inf")
+    assert synced(lambda: torch.arange(3, device="tpu") ** torch.tensor(-1, device="tpu")).tolist() == [0, 1, 0]
+
+
+def test_integer_division_by_zero(mode):
+    """CPU's integer division raises for a zero divisor (CUDA's returns
+    garbage): checked on the device, raised where the host next waits."""
+    x = torch.tensor([7, -7])
+    raises_like_cpu(lambda a: a // 0, x)
+    raises_like_cpu(lambda a, b: a % b, x, torch.tensor([2, 0]))
+    raises_like_cpu(lambda a: torch.fmod(a, 0), x.to(torch.uint8))
+    raises_like_cpu(lambda a: torch.div(a, 0, rounding_mode="trunc"), x)
+    assert synced(lambda: torch.tensor([-7, 7], device="tpu") // torch.tensor([2, -2], device="tpu")).tolist() == [-4, -4]
+
+
 def test_mixing_devices(mode):
     with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
         torch.ones(3, device="tpu") + torch.ones(3)

@@ -92,3 +92,25 @@ def test_spectral_loss_trains_as_on_cpu_without_fallbacks(mode):
     got = train("tpu")
     assert not torchtpu.metrics()["fallbacks"]
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_window_functions_match_cpu_on_the_device(mode):
+    """The windows stft takes, made on tpu: kaiser_window's composite would
+    call a CPU/CUDA kernel stub (PyTorch's internal assert on other devices)."""
+    windows = [
+        lambda d: torch.kaiser_window(16, device=d),
+        lambda d: torch.kaiser_window(9, False, device=d, dtype=torch.float64),
+        lambda d: torch.kaiser_window(12, True, 5.0, device=d, dtype=torch.bfloat16),
+        lambda d: torch.kaiser_window(1, device=d),
+        lambda d: torch.signal.windows.kaiser(10, beta=8.0, device=d),
+        lambda d: torch.hann_window(16, device=d),
+        lambda d: torch.hamming_window(16, device=d),
+        lambda d: torch.blackman_window(16, device=d),
+        lambda d: torch.bartlett_window(16, device=d),
+    ]
+    torchtpu.reset_metrics()
+    for make in windows:
+        got = make("tpu")
+        assert got.device.type == "tpu"
+        torch.testing.assert_close(got.cpu(), make("cpu"), rtol=1e-6, atol=1e-6)
+    assert not torchtpu.metrics()["fallbacks"]

@@ -52,6 +52,20 @@ def test_normal(dtype, mode):
     assert_moments(x, 1.5, 2.0)
 
 
+def test_normal_of_tensor_mean_or_std(mode):
+    """torch.normal with a tensor mean and/or std: their broadcast shape, the
+    tensor's dtype, each element its own mean and std."""
+    means = torch.tensor([[-3.0], [10.0]], device="tpu")
+    both = torch.normal(means, torch.full((N,), 2.0, device="tpu", dtype=torch.float64))
+    assert both.shape == (2, N) and both.dtype == torch.float32 and both.device.type == "tpu"
+    assert_moments(both[0], -3.0, 2.0)
+    assert_moments(both[1], 10.0, 2.0)
+    assert_moments(torch.normal(torch.full((N,), 1.5, device="tpu"), 0.5), 1.5, 0.5)
+    std_only = torch.normal(4.0, torch.full((N,), 3.0, device="tpu", dtype=torch.float64))
+    assert std_only.dtype == torch.float64
+    assert_moments(std_only, 4.0, 3.0)
+
+
 def test_rand_randn(mode):
     u = torch.rand(300, 700, device="tpu")
     z = torch.randn(300, 700, device="tpu")
@@ -141,6 +155,17 @@ def test_multinomial(mode):
     lambda d: torch.multinomial(torch.ones(2, device=d), 3),
     lambda d: torch.multinomial(torch.ones(2, 2, 2, device=d), 1),
     lambda d: torch.multinomial(torch.ones(2, device=d), 0),
+    # Rules on numbers, checked per call: a plan serves every value.
+    lambda d: torch.empty(3, device=d).uniform_(1, 0),
+    lambda d: torch.empty(3, dtype=torch.float16, device=d).uniform_(-70000, 0),
+    lambda d: torch.empty(3, dtype=torch.long, device=d).uniform_(),
+    lambda d: torch.empty(3, device=d).normal_(0, -1.5),
+    lambda d: torch.normal(torch.zeros(3, device=d), -1.0),
+    lambda d: torch.normal(torch.zeros(3, dtype=torch.long, device=d), 1.0),
+    lambda d: torch.empty(3, device=d).bernoulli_(2.0),
+    # Tensor arguments' values, checked on the device.
+    lambda d: torch.normal(torch.zeros(3, device=d), torch.tensor([1.0, -1.0, 1.0], device=d)),
+    lambda d: torch.bernoulli(torch.tensor([0.5, 1.5], device=d)),
 ])
 def test_errors_are_cpus(call, mode):
     with pytest.raises(RuntimeError) as on_cpu:

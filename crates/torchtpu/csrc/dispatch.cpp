@@ -574,8 +574,9 @@ TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
 // Operators whose composite kernels would win over the fallback: the
 // convolution hooks for out-of-tree backends (their defaults throw), norms
 // PyTorch otherwise decomposes (layer_norm into batch_norm), mode, whose
-// composite kernel accepts only CPU, CUDA and XPU tensors, conj_physical_,
-// whose composite kernel calls a CPU/CUDA kernel stub directly, and
+// composite kernel accepts only CPU, CUDA and XPU tensors, conj_physical_
+// and kaiser_window, whose composite kernels call a kernel stub directly
+// (no stub has a PrivateUse1 kernel: PyTorch's assert), and
 // silu_backward and mish_backward, whose composites round each step to
 // bfloat16 where CPU's kernels compute in float, and _grouped_mm, whose composite reads the
 // groups' offsets on the host and so compiles a program per routing
@@ -583,7 +584,8 @@ TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   for (const char* name : {"convolution_overrideable", "convolution_backward_overrideable", "native_layer_norm",
                            "native_group_norm", "mode", "mode.values", "conj_physical_", "silu_backward",
-                           "mish_backward", "_grouped_mm"}) {
+                           "mish_backward", "_grouped_mm", "kaiser_window",
+                           "kaiser_window.periodic", "kaiser_window.beta"}) {
     m.impl(name, torch::CppFunction::makeFromBoxedFunction<&torchtpu::fallback>());
   }
 }

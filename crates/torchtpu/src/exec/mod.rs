@@ -777,6 +777,7 @@ thread_local! {
 /// `outputs` types, in order).
 pub fn run_op(op: &OpDef, args: &[Arg], results: &mut Vec<Option<Arc<Storage>>>) -> Result<Arc<Plan>> {
     let device = device_of(&op.name, args)?;
+    lower::rules::check(op, args, device)?;
     let plan = match op.entry.measure {
         None => plan(op, args, device)?,
         Some(m) => {

@@ -3,8 +3,9 @@
 //! Shared rules live in the helpers: operands are promoted with
 //! `at::result_type`, broadcast together, and float16/bfloat16 are computed
 //! in float32 and rounded once, as PyTorch's CPU kernels do.
-use super::{op, op_complex, Cx, Entry, Operand};
-use crate::error::{Error, Result};
+use super::bessel::{self, Bessel};
+use super::{op, op_complex, rules, Cx, Entry, Operand};
+use crate::error::{Error, Kind, Result};
 use crate::ir::dtype::{opmath, DType, DEFAULT_FLOAT};
 use crate::ir::V;
 use crate::lower::args::Arg;
@@ -20,7 +21,7 @@ pub static ENTRIES: &[Entry] = &[
     op("fmod", fmod),
     op("maximum", |cx| arith(cx, "stablehlo.maximum")),
     op("minimum", |cx| arith(cx, "stablehlo.minimum")),
-    op("pow", pow),
+    op("pow", pow).ruled(pow_rules),
     op("atan2", |cx| float_binary(cx, "stablehlo.atan2")),
     op("eq", |cx| compare(cx, "EQ")),
     op("ne", |cx| compare(cx, "NE")),
@@ -72,6 +73,10 @@ pub static ENTRIES: &[Entry] = &[
     op("digamma", digamma),
     op("exp2", exp2),
     op("sinc", sinc),
+    op("i0", |cx| bessel::lower(cx, Bessel::I0)),
+    op("special_i0e", |cx| bessel::lower(cx, Bessel::I0e)),
+    op("special_i1", |cx| bessel::lower(cx, Bessel::I1)),
+    op("special_i1e", |cx| bessel::lower(cx, Bessel::I1e)),
     op("logaddexp", |cx| logaddexp(cx, false)),
     op("logaddexp2", |cx| logaddexp(cx, true)),
     op("signbit", signbit),
@@ -105,7 +110,7 @@ pub static ENTRIES: &[Entry] = &[
     op("clamp", clamp),
     op("clamp_min", clamp),
     op("clamp_max", clamp),
-    op("masked_fill", masked_fill),
+    op("masked_fill", masked_fill).ruled(rules::value_fits),
     op("lerp", lerp),
     op("addcmul", |cx| addc(cx, "stablehlo.multiply")),
     op("addcdiv", |cx| addc(cx, "stablehlo.divide")),
@@ -364,6 +369,8 @@ fn div_rem(cx: &mut Cx, name: &'static str, a: V, b: V) -> V {
     }
     let (zero, one) = (full_like(cx, 0.0, b), full_like(cx, 1.0, b));
     let mut unsafe_divisor = cx.g.compare("EQ", b, zero);
+    // CPU's integer kernels refuse a zero divisor (CUDA's return garbage).
+    cx.check_any(unsafe_divisor, Kind::Runtime, "ZeroDivisionError");
     let minus_one = if !unsigned(dtype) {
         let m = full_like(cx, -1.0, b);
         let is_m = cx.g.compare("EQ", b, m);
@@ -387,7 +394,8 @@ fn div_rem(cx: &mut Cx, name: &'static str, a: V, b: V) -> V {
 fn floor_div_int(cx: &mut Cx, a: V, b: V) -> V {
     let (zero, one) = (full_like(cx, 0.0, a), full_like(cx, 1.0, a));
     let q = div_rem(cx, "stablehlo.divide", a, b);
-    let rem = div_rem(cx, "stablehlo.remainder", a, b);
+    let qb = cx.g.binary("stablehlo.multiply", q, b);
+    let rem = cx.g.binary("stablehlo.subtract", a, qb);
     let inexact = cx.g.compare("NE", rem, zero);
     let a_neg = cx.g.compare("LT", a, zero);
     let b_neg = cx.g.compare("LT", b, zero);
@@ -426,6 +434,17 @@ fn pow(cx: &mut Cx) -> Result<Vec<V>> {
     no_bool(dtype, "pow")?;
     let r = if dtype.is_float() { cx.g.binary("stablehlo.power", v[0], v[1]) } else { int_pow(cx, v[0], v[1]) };
     finish(cx, r, dtype)
+}
+
+/// CPU refuses an integer tensor to a negative integer number's power (a
+/// tensor of exponents is computed: 1 / base, rounded toward zero).
+fn pow_rules(cx: &Cx) -> Result<()> {
+    let integral = |t: super::Tensor| t.dtype.is_int() || t.dtype == DType::Bool;
+    let negative = matches!(cx.arg("exponent"), Ok(Arg::Int(e)) if *e < 0);
+    if negative && cx.meta("self").is_ok_and(integral) {
+        return Err(Error::runtime("Integers to negative integer powers are not allowed."));
+    }
+    Ok(())
 }
 
 /// Integer power by squaring over every bit of the exponent, wrapping on
@@ -561,7 +580,7 @@ fn same_unary(cx: &mut Cx, name: &'static str, bool_error: Error) -> Result<Vec<
 /// Unary math: integer inputs produce the default float dtype.
 /// `self` at its op-math type, and the result's dtype: integers and bools
 /// compute in the default float, as CPU's float functions do.
-fn float_operand(cx: &mut Cx) -> Result<(V, DType)> {
+pub(super) fn float_operand(cx: &mut Cx) -> Result<(V, DType)> {
     let t = cx.meta("self")?;
     let dtype = if t.dtype.is_float() { t.dtype } else { DEFAULT_FLOAT };
     let x = cx.tensor("self")?;

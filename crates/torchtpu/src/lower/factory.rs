@@ -1,21 +1,23 @@
 //! Factories and fills: `fill_`/`zero_` (behind zeros/ones/full), `arange`,
-//! `linspace`, `logspace`, `eye`.
+//! `linspace`, `logspace`, `eye`, `kaiser_window`.
+use super::bessel::{self, Bessel};
 use super::elementwise::no_bool;
 use super::linalg::diagonal_mask;
-use super::{op, op_complex, op_consts, Cx, Entry};
+use super::{op, op_complex, op_consts, rules, Cx, Entry};
 use crate::ensure;
 use crate::error::{Error, Result};
 use crate::ir::dtype::{opmath, DType};
 use crate::ir::V;
 
 pub static ENTRIES: &[Entry] = &[
-    op_complex("fill", fill),
+    op_complex("fill", fill).ruled(rules::value_fits),
     op_complex("zero", zero),
     op("_efficientzerotensor", efficient_zero),
     op_consts("arange", arange, &["start", "end", "step"]),
     op_consts("linspace", |cx| spaced(cx, false), &["start", "end"]),
     op_consts("logspace", |cx| spaced(cx, true), &["start", "end", "base"]),
     op("eye", eye),
+    op("kaiser_window", kaiser_window),
     op("tril_indices", |cx| triangle_indices(cx, true)),
     op("triu_indices", |cx| triangle_indices(cx, false)),
 ];
@@ -56,7 +58,7 @@ fn arange(cx: &mut Cx) -> Result<Vec<V>> {
         return Err(Error::runtime("step must be nonzero"));
     }
     if !(step > 0.0 && end >= start || step < 0.0 && end <= start) {
-        return Err(Error::runtime("upper bound and larger bound inconsistent with step sign"));
+        return Err(Error::runtime("upper bound and lower bound inconsistent with step sign"));
     }
     no_bool(out.dtype, "arange_cpu")?;
     let n = ((end - start) / step).ceil() as i64;
@@ -113,6 +115,48 @@ fn spaced(cx: &mut Cx, log: bool) -> Result<Vec<V>> {
         points
     };
     Ok(vec![cx.g.convert(r, out.dtype)])
+}
+
+/// CPU's Kaiser window: i0(beta * sqrt(|1 - ((i - a) / a)^2|)) / i0(beta)
+/// over i in 0..n, a = (n - 1) / 2, n one longer where `periodic` (and its
+/// last point dropped); the indices are first made in the window's dtype.
+/// `periodic` defaults to true and `beta` to 12.
+fn kaiser_window(cx: &mut Cx) -> Result<Vec<V>> {
+    let given = cx.int("window_length")?;
+    let dtype = cx.dtype("dtype")?.unwrap_or(crate::ir::dtype::DEFAULT_FLOAT);
+    ensure!(given >= 0, "kaiser_window requires non-negative window_length, got window_length={given}");
+    ensure!(
+        dtype.is_float(),
+        "kaiser_window expects floating point dtypes, got: TensorOptions(dtype={}, device=tpu:{}, layout=Strided (default), requires_grad=false (default), pinned_memory=false, memory_format=(nullopt))",
+        super::elementwise::cpp_name(dtype),
+        cx.device
+    );
+    if given <= 1 {
+        return Ok(vec![cx.g.full(1.0, dtype, &[given])]);
+    }
+    let periodic = !cx.has("periodic") || cx.int("periodic")? != 0;
+    let n = if periodic { given + 1 } else { given };
+    let ct = opmath(dtype);
+    let i = cx.g.iota(dtype, &[n], 0);
+    let i = cx.g.convert(i, ct);
+    let alpha = cx.g.full((n - 1) as f64 / 2.0, ct, &[n]);
+    let one = cx.g.full(1.0, ct, &[n]);
+    let d = cx.g.binary("stablehlo.subtract", i, alpha);
+    let d = cx.g.binary("stablehlo.divide", d, alpha);
+    let d2 = cx.g.binary("stablehlo.multiply", d, d);
+    let r = cx.g.binary("stablehlo.subtract", one, d2);
+    let r = cx.g.unary("stablehlo.abs", r);
+    let r = cx.g.unary("stablehlo.sqrt", r);
+    let beta = match cx.has("beta") {
+        true => cx.scalar_like("beta", ct, &[n])?.expect("beta"),
+        false => cx.g.full(12.0, ct, &[n]),
+    };
+    let r = cx.g.binary("stablehlo.multiply", beta, r);
+    let num = bessel::of(cx, r, Bessel::I0);
+    let den = bessel::of(cx, beta, Bessel::I0);
+    let w = cx.g.binary("stablehlo.divide", num, den);
+    let w = cx.g.slice(w, &[0], &[given], &[1]);
+    Ok(vec![cx.g.convert(w, dtype)])
 }
 
 /// The [2, k] coordinates of a row x col matrix's lower (`tril_indices`) or

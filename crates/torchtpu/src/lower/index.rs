@@ -5,7 +5,7 @@
 use super::elementwise::{cpp_name, not_implemented};
 use super::reduce::scan;
 use super::sort::sorted;
-use super::{op, op_measured, wrap_dim, Cx, Entry};
+use super::{op, op_measured, rules, wrap_dim, Cx, Entry};
 use crate::error::{Error, Kind, Result};
 use crate::ir::dtype::{opmath, DType};
 use crate::ir::view::contiguous_strides;
@@ -19,11 +19,11 @@ pub static ENTRIES: &[Entry] = &[
     op("index_add", index_add),
     op("index_copy", index_copy),
     op("gather", gather),
-    op("scatter", |cx| scatter(cx, "scatter")),
+    op("scatter", |cx| scatter(cx, "scatter")).ruled(rules::value_fits),
     op("scatter_add", |cx| scatter(cx, "scatter_add")),
     op("scatter_reduce", scatter_reduce),
     op("index_reduce", index_reduce),
-    op("index_fill", index_fill),
+    op("index_fill", index_fill).ruled(rules::value_fits),
     op_measured("index", index, index_measure),
     op_measured("index_put", index_put, index_measure),
     op_measured("_index_put_impl", index_put, index_measure),

@@ -20,13 +20,14 @@ use std::sync::RwLock;
 
 use crate::error::{Error, Kind, Result};
 use crate::ir::dtype::{result_type, DType, Priority};
-use crate::ir::{view, Graph, Precision, Ty, V};
+use crate::ir::{view, Graph, Precision, ReduceKind, Ty, V};
 use args::{Arg, Tensor};
 pub use layout::Layout;
 
 pub mod args;
 mod attention;
 mod bag;
+mod bessel;
 mod conv;
 mod distance;
 mod elementwise;
@@ -51,6 +52,7 @@ mod reduce;
 mod resize;
 mod rnn;
 mod roi;
+pub mod rules;
 mod shape;
 mod sort;
 mod unpool;
@@ -76,16 +78,31 @@ pub struct Entry {
     /// How its results are laid out in memory (the elementwise families'
     /// tables give theirs: [`result_layout`]).
     pub layout: Layout,
+    /// CPU's rules on the values of its runtime number arguments.
+    pub rules: Option<rules::Rules>,
 }
 
 pub const fn op(name: &'static str, lower: Lowering) -> Entry {
-    Entry { name, lower, consts: &[], writes: &[], measure: None, complex: false, layout: Layout::Contiguous }
+    Entry {
+        name,
+        lower,
+        consts: &[],
+        writes: &[],
+        measure: None,
+        complex: false,
+        layout: Layout::Contiguous,
+        rules: None,
+    }
 }
 
 impl Entry {
     /// The entry with PyTorch's layout rule for its results.
     pub const fn laid_out(self, layout: Layout) -> Entry {
         Entry { layout, ..self }
+    }
+    /// The entry with CPU's rules on its runtime numbers' values.
+    pub const fn ruled(self, rules: rules::Rules) -> Entry {
+        Entry { rules: Some(rules), ..self }
     }
 }
 
@@ -660,6 +677,14 @@ impl<'a> Cx<'a> {
             self.g.reshape(v, &[n])
         });
         self.checks.push(Check { flag, value, kind, message: message.into() });
+    }
+
+    /// Raises `kind`(`message`) after execution if any element of `bad` (a
+    /// bool array) is true.
+    pub fn check_any(&mut self, bad: V, kind: Kind, message: impl Into<String>) {
+        let dims: Vec<usize> = (0..self.g.ty(bad).rank()).collect();
+        let any = self.g.reduce(ReduceKind::Or, bad, &dims);
+        self.check(any, None, kind, message);
     }
 
     /// The next value of tensor `name`'s storage once `src` (its view's

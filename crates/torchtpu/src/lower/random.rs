@@ -1,15 +1,17 @@
 //! Random numbers: XLA expands a 64-bit seed drawn from the tpu generator
 //! (a runtime input, so new seeds never recompile).
+use super::elementwise::{cpp_name, not_implemented};
 use super::reduce::scan;
+use super::rules::{float_max, number, streamed};
 use super::{op, op_consts, Cx, Entry};
 use crate::error::{Error, Kind, Result};
 use crate::ir::dtype::{opmath, DType};
 use crate::ir::{ReduceKind, Ty, V};
 
 pub static ENTRIES: &[Entry] = &[
-    op("uniform", uniform),
-    op("normal", normal),
-    op("bernoulli", bernoulli),
+    op("uniform", uniform).ruled(uniform_rules),
+    op("normal", normal).ruled(normal_rules),
+    op("bernoulli", bernoulli).ruled(bernoulli_rules),
     op("random", random),
     op_consts("exponential", exponential, &["lambd"]),
     op("randperm", randperm),
@@ -45,6 +47,37 @@ fn uniform(cx: &mut Cx) -> Result<Vec<V>> {
     Ok(vec![affine(cx, u, span, from, t.dtype)])
 }
 
+/// CPU's `check_uniform_bounds`: a float dtype, and a range it holds.
+fn uniform_rules(cx: &Cx) -> Result<()> {
+    let dtype = cx.meta("self")?.dtype;
+    if !dtype.has_float_values() {
+        return Err(not_implemented("check_uniform_bounds", dtype));
+    }
+    let max = float_max(dtype);
+    let (from, to) = (number(cx, "from").unwrap_or(0.0), number(cx, "to").unwrap_or(1.0));
+    for (name, x) in [("from", from), ("to", to)] {
+        if !(-max..=max).contains(&x) {
+            return Err(Error::runtime(format!("{name} is out of bounds for {}", cpp_name(dtype))));
+        }
+    }
+    if from > to {
+        return Err(Error::runtime(format!(
+            "uniform_ expects to return a [from, to) range, but found from={} > to={}",
+            streamed(from),
+            streamed(to)
+        )));
+    }
+    if to - from > max {
+        return Err(Error::runtime(format!(
+            "uniform_ expects to-from <= std::numeric_limits<{}>::max(), but found to={} and from={} which result in to-from to exceed the limit",
+            dtype.torch_name(),
+            streamed(to),
+            streamed(from)
+        )));
+    }
+    Ok(())
+}
+
 /// `unit * scale + shift` computed in `scale`'s type, rounded to `dtype`.
 fn affine(cx: &mut Cx, unit: V, scale: V, shift: V, dtype: DType) -> V {
     let unit = cx.g.convert(unit, cx.g.ty(scale).dtype);
@@ -72,19 +105,86 @@ pub fn standard_normal(cx: &mut Cx, shape: &[i64], generator: Option<&str>) -> R
     Ok(cx.g.reshape(z, shape))
 }
 
+/// A float dtype and a non-negative number `std` (a tensor's elements are
+/// checked on the device).
+fn normal_rules(cx: &Cx) -> Result<()> {
+    let tensor = ["self", "mean", "std"].into_iter().find_map(|n| cx.meta(n).ok());
+    if let Some(t) = tensor.filter(|t| !t.dtype.has_float_values()) {
+        return Err(not_implemented("normal_kernel_cpu", t.dtype));
+    }
+    if cx.meta("std").is_ok_and(|t| t.dtype.is_complex()) {
+        return Err(Error::runtime("normal expects standard deviation to be non-complex"));
+    }
+    match number(cx, "std") {
+        Some(std) if !(std >= 0.0) => {
+            Err(Error::runtime(format!("normal expects std >= 0.0, but found std {}", streamed(std))))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// `normal_(mean, std)` fills self; `normal(mean, std)` with a tensor mean
+/// or std samples at their broadcast shape, in the tensor's dtype (mean's
+/// where both are tensors).
 fn normal(cx: &mut Cx) -> Result<Vec<V>> {
-    let t = cx.meta("self")?;
-    let ct = opmath(t.dtype);
-    let z = standard_normal(cx, t.sizes, Some("generator"))?;
-    let mean = cx.scalar_like("mean", ct, t.sizes)?.expect("mean");
-    let std = cx.scalar_like("std", ct, t.sizes)?.expect("std");
-    Ok(vec![affine(cx, z, std, mean, t.dtype)])
+    if let Ok(t) = cx.meta("self") {
+        let ct = opmath(t.dtype);
+        let z = standard_normal(cx, t.sizes, Some("generator"))?;
+        let mean = cx.scalar_like("mean", ct, t.sizes)?.expect("mean");
+        let std = cx.scalar_like("std", ct, t.sizes)?.expect("std");
+        return Ok(vec![affine(cx, z, std, mean, t.dtype)]);
+    }
+    let dtype = match cx.meta("mean") {
+        Ok(t) => t.dtype,
+        Err(_) => cx.meta("std")?.dtype,
+    };
+    let (mean, std) = (cx.operand("mean")?, cx.operand("std")?);
+    let shapes = [cx.g.ty(mean.v).shape.clone(), cx.g.ty(std.v).shape.clone()];
+    let shape = crate::ir::broadcast_all(&[&shapes[0], &shapes[1]])?;
+    if cx.meta("std").is_ok() {
+        let zero = cx.g.full(0.0, std.dtype, &shapes[1]);
+        let ok = cx.g.compare("GE", std.v, zero);
+        let bad = cx.g.unary("stablehlo.not", ok);
+        cx.check_any(bad, Kind::Runtime, "normal expects all elements of std >= 0.0");
+    }
+    let ct = opmath(dtype);
+    let z = standard_normal(cx, &shape, Some("generator"))?;
+    let [mean, std] = [mean.v, std.v].map(|v| {
+        let v = cx.g.convert(v, ct);
+        cx.g.broadcast_to(v, &shape)
+    });
+    Ok(vec![affine(cx, z, std, mean, dtype)])
+}
+
+/// A probability `p` in [0, 1] (a tensor's elements are checked on the device).
+fn bernoulli_rules(cx: &Cx) -> Result<()> {
+    match number(cx, "p") {
+        Some(p) if !(0.0..=1.0).contains(&p) => {
+            Err(Error::runtime(format!("bernoulli_ expects p to be in [0, 1], but got p={}", streamed(p))))
+        }
+        _ => Ok(()),
+    }
 }
 
 /// bernoulli_(p: float or tensor) and bernoulli(self) (self holds p).
 fn bernoulli(cx: &mut Cx) -> Result<Vec<V>> {
     let t = cx.meta("self")?;
     let u = uniform01(cx, t.sizes, Some("generator"))?;
+    let p_tensor =
+        if cx.has("p") { cx.meta("p").ok().map(|_| cx.tensor("p")).transpose()? } else { Some(cx.tensor("self")?) };
+    if let Some(p) = p_tensor {
+        let ty = cx.g.ty(p).clone();
+        let (zero, one) = (cx.g.full(0.0, ty.dtype, &ty.shape), cx.g.full(1.0, ty.dtype, &ty.shape));
+        let low = cx.g.compare("GE", p, zero);
+        let high = cx.g.compare("LE", p, one);
+        let ok = cx.g.binary("stablehlo.and", low, high);
+        let bad = cx.g.unary("stablehlo.not", ok);
+        cx.check_any(
+            bad,
+            Kind::Runtime,
+            "Expected p_in >= 0 && p_in <= 1 to be true, but got false.  (Could this error message be improved?  If so, please report an enhancement request to PyTorch.)",
+        );
+    }
     let p = if cx.has("p") {
         let o = cx.operand("p")?;
         let p = cx.g.convert(o.v, DType::F32);
