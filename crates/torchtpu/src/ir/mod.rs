@@ -370,6 +370,14 @@ impl Graph {
         self.push(Op::Elementwise(if imaginary { "stablehlo.imag" } else { "stablehlo.real" }), vec![a], ty)
     }
 
+    /// The magnitude of a complex value, in its parts' type (XLA's abs,
+    /// which scales to avoid overflow as `std::abs` does).
+    pub fn magnitude(&mut self, a: V) -> V {
+        let t = self.ty(a);
+        let ty = Ty::new(t.dtype.to_real(), &t.shape);
+        self.push(Op::Elementwise("stablehlo.abs"), vec![a], ty)
+    }
+
     /// The complex value with parts `re` and `im` (same type).
     pub fn complex(&mut self, re: V, im: V) -> V {
         let t = self.ty(re);

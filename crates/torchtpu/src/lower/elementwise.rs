@@ -15,7 +15,7 @@ pub static ENTRIES: &[Entry] = &[
     op_complex("sub", |cx| add_sub(cx, "stablehlo.subtract")),
     op("rsub", rsub),
     op_complex("mul", |cx| arith(cx, "stablehlo.multiply")),
-    op("div", div),
+    op_complex("div", div),
     op("floor_divide", |cx| divide(cx, Some("floor"))),
     op("remainder", remainder),
     op("fmod", fmod),
@@ -44,9 +44,9 @@ pub static ENTRIES: &[Entry] = &[
     op("__ilshift__", |cx| shift(cx, true)),
     op("__irshift__", |cx| shift(cx, false)),
     op("neg", neg),
-    op("abs", |cx| same_unary(cx, "stablehlo.abs", not_implemented("abs_cpu", DType::Bool))),
+    op_complex("abs", abs),
     op("sign", sign),
-    op("sgn", sign),
+    op_complex("sgn", sgn),
     op("floor", |cx| same_unary(cx, "stablehlo.floor", not_implemented("floor_vml_cpu", DType::Bool))),
     op("ceil", |cx| same_unary(cx, "stablehlo.ceil", not_implemented("ceil_vml_cpu", DType::Bool))),
     op("round", round),
@@ -81,7 +81,9 @@ pub static ENTRIES: &[Entry] = &[
     op("logaddexp2", |cx| logaddexp(cx, true)),
     op("signbit", signbit),
     op("equal", equal),
-    op("angle", angle),
+    op_complex("angle", angle),
+    op("complex", complex),
+    op("polar", polar),
     op("xlogy", |cx| xlogy(cx, "stablehlo.log")),
     op("special_xlog1py", |cx| xlogy(cx, "stablehlo.log_plus_one")),
     op("special_entr", entr),
@@ -110,7 +112,7 @@ pub static ENTRIES: &[Entry] = &[
     op("clamp", clamp),
     op("clamp_min", clamp),
     op("clamp_max", clamp),
-    op("masked_fill", masked_fill).ruled(rules::value_fits),
+    op_complex("masked_fill", masked_fill).ruled(rules::value_fits),
     op("lerp", lerp),
     op("addcmul", |cx| addc(cx, "stablehlo.multiply")),
     op("addcdiv", |cx| addc(cx, "stablehlo.divide")),
@@ -294,7 +296,10 @@ fn div(cx: &mut Cx) -> Result<Vec<V>> {
 fn divide(cx: &mut Cx, mode: Option<&str>) -> Result<Vec<V>> {
     let ops = [cx.operand("self")?, cx.operand("other")?];
     let common = cx.result_type(&ops);
-    let dtype = if mode.is_none() && !common.is_float() { DEFAULT_FLOAT } else { common };
+    if common.is_complex() && mode.is_some() {
+        return Err(not_implemented(&format!("div_{}_cpu", mode.unwrap_or_default()), common));
+    }
+    let dtype = if mode.is_none() && !common.has_float_values() { DEFAULT_FLOAT } else { common };
     let v = cx.promote_to(&ops, opmath(dtype))?;
     let (a, b) = (v[0], v[1]);
     let r = match (mode, dtype) {
@@ -647,6 +652,21 @@ fn sign(cx: &mut Cx) -> Result<Vec<V>> {
     Ok(vec![cx.g.binary("stablehlo.subtract", pos, neg)])
 }
 
+/// sign of reals; z / |z| of a complex z (0 at 0).
+fn sgn(cx: &mut Cx) -> Result<Vec<V>> {
+    if !cx.meta("self")?.dtype.is_complex() {
+        return sign(cx);
+    }
+    let x = cx.tensor("self")?;
+    let m = cx.g.magnitude(x);
+    let zero = full_like(cx, 0.0, m);
+    let at_zero = cx.g.compare("EQ", m, zero);
+    let m = cx.g.complex(m, zero);
+    let r = cx.g.binary("stablehlo.divide", x, m);
+    let zero = cx.g.complex(zero, zero);
+    Ok(vec![cx.g.select(at_zero, zero, r)])
+}
+
 fn trunc(cx: &mut Cx) -> Result<Vec<V>> {
     let t = cx.meta("self")?;
     if t.dtype == DType::Bool {
@@ -751,6 +771,10 @@ fn masked_fill(cx: &mut Cx) -> Result<Vec<V>> {
         return Err(Error::runtime(format!(
             "masked_fill_ only supports a 0-dimensional value tensor, but got tensor with {rank} dimension(s)."
         )));
+    }
+    if value.dtype.is_complex() && !t.dtype.is_complex() {
+        // CPU refuses a nonzero imaginary part, read on the host.
+        return Err(Error::fallback("a complex value into a real tensor"));
     }
     let shapes = [cx.g.ty(x).shape.clone(), cx.g.ty(mask).shape.clone()];
     let shape = crate::ir::broadcast_all(&[&shapes[0], &shapes[1]])?;
@@ -972,7 +996,75 @@ fn signbit(cx: &mut Cx) -> Result<Vec<V>> {
 }
 
 /// The argument of a real number: π below 0, else 0 (NaN stays NaN).
+/// |x|; of a complex x, its magnitude in the parts' dtype.
+fn abs(cx: &mut Cx) -> Result<Vec<V>> {
+    if !cx.meta("self")?.dtype.is_complex() {
+        return same_unary(cx, "stablehlo.abs", not_implemented("abs_cpu", DType::Bool));
+    }
+    if cx.op.inplace {
+        return Err(Error::runtime("In-place abs is not supported for complex tensors."));
+    }
+    let x = cx.tensor("self")?;
+    Ok(vec![cx.g.magnitude(x)])
+}
+
+/// The complex value from two float tensors (broadcast): `complex(re, im)`,
+/// or `polar(abs, angle)`.
+fn complex_of(cx: &mut Cx, names: [&str; 2], polar: bool) -> Result<Vec<V>> {
+    let ops = [cx.operand(names[0])?, cx.operand(names[1])?];
+    let (a, b) = (ops[0].dtype, ops[1].dtype);
+    if !(matches!(a, DType::F32 | DType::F64) && a == b) {
+        // CPU's message; float16 would make complex32, which XLA lacks.
+        let pair = |d: DType| d.torch_name();
+        return Err(match a == b && a == DType::F16 {
+            true => Error::fallback("complex32"),
+            false if a != b => Error::runtime(format!(
+                "Expected object of scalar type {} but got scalar type {} for second argument",
+                pair(a),
+                pair(b)
+            )),
+            false => Error::not_implemented(format!(
+                "Expected both inputs to be Half, Float or Double tensors but got {} and {}",
+                pair(a),
+                pair(b)
+            )),
+        });
+    }
+    if let Some(out) = cx.meta("out").ok().filter(|o| o.dtype != a.to_complex()) {
+        return Err(Error::runtime(format!(
+            "Expected object of scalar type {} but got scalar type {} for argument 'out'",
+            a.to_complex().torch_name(),
+            out.dtype.torch_name()
+        )));
+    }
+    let v = cx.promote_to(&ops, a)?;
+    let (re, im) = match polar {
+        false => (v[0], v[1]),
+        true => {
+            let cos = cx.g.unary("stablehlo.cosine", v[1]);
+            let sin = cx.g.unary("stablehlo.sine", v[1]);
+            (cx.g.binary("stablehlo.multiply", v[0], cos), cx.g.binary("stablehlo.multiply", v[0], sin))
+        }
+    };
+    Ok(vec![cx.g.complex(re, im)])
+}
+
+fn complex(cx: &mut Cx) -> Result<Vec<V>> {
+    complex_of(cx, ["real", "imag"], false)
+}
+
+fn polar(cx: &mut Cx) -> Result<Vec<V>> {
+    complex_of(cx, ["abs", "angle"], true)
+}
+
+/// The angle of x: atan2(im, re) for complex x (in the parts' dtype); π
+/// for negative reals, else 0 (NaN stays NaN).
 fn angle(cx: &mut Cx) -> Result<Vec<V>> {
+    if cx.meta("self")?.dtype.is_complex() {
+        let x = cx.tensor("self")?;
+        let (re, im) = (cx.g.part(x, false), cx.g.part(x, true));
+        return Ok(vec![cx.g.binary("stablehlo.atan2", im, re)]);
+    }
     let (x, dtype) = float_operand(cx)?;
     let zero = full_like(cx, 0.0, x);
     let pi = full_like(cx, std::f64::consts::PI, x);
