@@ -103,6 +103,7 @@ def test_fresh_weights_are_never_stale(mode):
     ("SGD", dict(lr=0.1, momentum=0.9, dampening=0.2, weight_decay=1e-4, fused=True)),
     ("RMSprop", dict(lr=1e-3)),
     ("Adagrad", dict(lr=1e-2)),
+    ("Adagrad", dict(lr=1e-2, lr_decay=0.1, weight_decay=1e-3, initial_accumulator_value=0.1, fused=True)),
 ])
 def test_optimizers_match_cpu(name, options, mode):
     """torch.optim's default code paths, with an LR scheduler and gradient

@@ -1,4 +1,4 @@
-//! Optimizer kernels: fused Adam, AdamW and SGD (`fused=True`, the default
+//! Optimizer kernels: fused Adam, AdamW, SGD and Adagrad (`fused=True`, the default
 //! optimizer of Hugging Face's Trainer) and the gradient scaler's unscale and
 //! scale update (`torch.amp.GradScaler`), with the arithmetic of CPU's
 //! kernels. They update lists of tensors in place: a lowering returns the
@@ -18,6 +18,7 @@ pub static ENTRIES: &[Entry] = &[
     op("_fused_adam", |cx| adam(cx, false)),
     op("_fused_adamw", |cx| adam(cx, true)),
     op("_fused_sgd", sgd),
+    op("_fused_adagrad", adagrad),
     op("_amp_foreach_non_finite_check_and_unscale", unscale),
     op("_amp_update_scale", update_scale),
 ];
@@ -249,6 +250,66 @@ fn sgd(cx: &mut Cx) -> Result<Vec<V>> {
         let step = mul(g, grad, lr);
         next[0].push(sub(g, p, step));
         next[1].push(grad_next);
+    }
+    written(cx, &LISTS, next, skip)
+}
+
+/// `torch.optim.Adagrad(fused=True)`: CPU's `adagrad_math` per tensor. The
+/// learning rate decays by the step CPU reads on the host (truncated to an
+/// integer), here on the device: lr / (1 + (step - 1) * lr_decay), in double.
+fn adagrad(cx: &mut Cx) -> Result<Vec<V>> {
+    // Its schema marks the steps written; the kernel only reads them.
+    const LISTS: [&str; 4] = ["self", "grads", "state_sums", "state_steps"];
+    let (params, grads, sums) = (cx.tensors("self")?, cx.tensors("grads")?, cx.tensors("state_sums")?);
+    let steps = cx.tensors("state_steps")?;
+    let maximize = cx.bool("maximize")?;
+    let skip = skipped(cx)?;
+    let Some(ct) = compute_type(cx)? else { return Ok(Vec::new()) };
+    let [lr, decay] = ["lr", "lr_decay"].map(|n| number(cx, n, DType::F64));
+    let (lr, decay) = (lr?, decay?);
+    let [wd, eps] = ["weight_decay", "eps"].map(|n| number(cx, n, ct));
+    let (wd, eps) = (wd?, eps?);
+    let mut next: Vec<Vec<V>> = vec![Vec::new(); LISTS.len()];
+    next[3] = vec![UNDEFINED; steps.len()];
+    for i in 0..params.len() {
+        let p0 = params[i].expect("a parameter");
+        let (mut grad, grad_next) = scaled_grad(cx, grads[i].expect("a gradient"), ct)?;
+        let g = &mut cx.g;
+        let step = g.reshape(steps[i].expect("a step"), &[]);
+        let step = g.convert(step, DType::F32);
+        // float -> int64 truncates toward zero.
+        let step = g.convert(step, DType::I64);
+        let step = g.convert(step, DType::F64);
+        let one = g.scalar(1.0, DType::F64);
+        let past = sub(g, step, one);
+        let decayed = mul(g, past, decay);
+        let denom = add(g, one, decayed);
+        let clr = div(g, lr, denom);
+        let clr = g.convert(clr, ct);
+        let p = g.convert(p0, ct);
+        if maximize {
+            grad = g.unary("stablehlo.negate", grad);
+        }
+        let zero = g.scalar(0.0, ct);
+        let decays = g.compare("NE", wd, zero);
+        let pw = mul(g, p, wd);
+        let with_decay = add(g, grad, pw);
+        grad = choose(g, decays, with_decay, grad);
+        // state_sum += grad², kept in its own dtype, then read back.
+        let sum0 = sums[i].expect("a state sum");
+        let sum_dtype = g.ty(sum0).dtype;
+        let sum = g.convert(sum0, ct);
+        let gg = mul(g, grad, grad);
+        let sum = add(g, sum, gg);
+        let sum = g.convert(sum, sum_dtype);
+        let read = g.convert(sum, ct);
+        let root = g.unary("stablehlo.sqrt", read);
+        let std = add(g, root, eps);
+        let update = mul(g, clr, grad);
+        let update = div(g, update, std);
+        next[0].push(sub(g, p, update));
+        next[1].push(grad_next);
+        next[2].push(sum);
     }
     written(cx, &LISTS, next, skip)
 }
