@@ -113,6 +113,17 @@ fn scaled_grad(cx: &mut Cx, grad: V, ct: DType) -> Result<(V, V)> {
     Ok((g, g))
 }
 
+/// The gradient an update follows: negated when maximizing, plus
+/// `weight_decay * p` where the decay is nonzero.
+fn followed(g: &mut Graph, grad: V, p: V, wd: V, maximize: bool) -> V {
+    let grad = if maximize { g.unary("stablehlo.negate", grad) } else { grad };
+    let zero = g.scalar(0.0, g.ty(grad).dtype);
+    let decays = g.compare("NE", wd, zero);
+    let pw = mul(g, p, wd);
+    let decayed = add(g, grad, pw);
+    choose(g, decays, decayed, grad)
+}
+
 /// `torch.optim.Adam`/`AdamW(fused=True)`: CPU's `adam_math` per tensor, its
 /// step's bias corrections computed from the step tensor on the device.
 fn adam(cx: &mut Cx, decoupled: bool) -> Result<Vec<V>> {
@@ -216,14 +227,8 @@ fn sgd(cx: &mut Cx) -> Result<Vec<V>> {
         let (mut grad, grad_next) = scaled_grad(cx, grads[i].expect("a gradient"), ct)?;
         let g = &mut cx.g;
         let p = g.convert(p0, ct);
-        if maximize {
-            grad = g.unary("stablehlo.negate", grad);
-        }
+        grad = followed(g, grad, p, wd, maximize);
         let zero = g.scalar(0.0, ct);
-        let decays = g.compare("NE", wd, zero);
-        let pw = mul(g, p, wd);
-        let decayed = add(g, grad, pw);
-        grad = choose(g, decays, decayed, grad);
         // The buffers (given when momentum was nonzero at the first step)
         // take part only while it is.
         if let Some(old) = bufs.get(i).copied().flatten() {
@@ -287,14 +292,7 @@ fn adagrad(cx: &mut Cx) -> Result<Vec<V>> {
         let clr = div(g, lr, denom);
         let clr = g.convert(clr, ct);
         let p = g.convert(p0, ct);
-        if maximize {
-            grad = g.unary("stablehlo.negate", grad);
-        }
-        let zero = g.scalar(0.0, ct);
-        let decays = g.compare("NE", wd, zero);
-        let pw = mul(g, p, wd);
-        let with_decay = add(g, grad, pw);
-        grad = choose(g, decays, with_decay, grad);
+        grad = followed(g, grad, p, wd, maximize);
         // state_sum += grad², kept in its own dtype, then read back.
         let sum0 = sums[i].expect("a state sum");
         let sum_dtype = g.ty(sum0).dtype;
