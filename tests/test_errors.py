@@ -33,6 +33,11 @@ def test_out_of_range_indices(mode):
     raises_like_cpu(torch.index_select, torch.ones(4, 2), 0, torch.tensor([1, 4]))
     raises_like_cpu(torch.nn.functional.embedding, torch.tensor([0, 7]), torch.ones(5, 2))
     raises_like_cpu(lambda a: a.sum(3), torch.ones(2, 2))
+    # index_select (so embedding) and index_add refuse negative indices, which indexing counts from the end.
+    raises_like_cpu(torch.index_select, torch.ones(4, 2), 0, torch.tensor([-1]))
+    raises_like_cpu(torch.nn.functional.embedding, torch.tensor([0, -1]), torch.ones(5, 2))
+    raises_like_cpu(lambda a, i: a.index_add(0, i, torch.ones(1, device=a.device)), torch.zeros(3), torch.tensor([-1]))
+    raises_like_cpu(lambda a, i: a.index_add(1, i, torch.ones(3, 1, device=a.device)), torch.zeros(3, 2), torch.tensor([-1]))
 
 
 def test_bincount_rules(mode):

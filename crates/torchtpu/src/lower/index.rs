@@ -93,12 +93,13 @@ fn index_select(cx: &mut Cx) -> Result<Vec<V>> {
     let idx = cx.tensor("index")?;
     let idx = cx.g.reshape(idx, &[it.numel()]);
     if t.sizes.is_empty() {
-        let idx = checked_indices(cx, idx, 1, true, Kind::Index, "index_select(): Index out of range in self".into());
+        let idx = checked_indices(cx, idx, 1, false, Kind::Index, "index out of range in self".into());
         let x = cx.g.reshape(x, &[1]);
         let r = cx.g.take(x, idx, 0);
         return Ok(vec![cx.g.reshape(r, &[])]);
     }
-    let idx = checked_indices(cx, idx, t.sizes[dim], true, Kind::Index, "index out of range in self".into());
+    // CPU refuses negative indices here (it counts them from the end in indexing).
+    let idx = checked_indices(cx, idx, t.sizes[dim], false, Kind::Index, "index out of range in self".into());
     Ok(vec![cx.g.take(x, idx, dim)])
 }
 
@@ -178,7 +179,11 @@ fn index_add(cx: &mut Cx) -> Result<Vec<V>> {
     let x = cx.g.reshape(x, &sizes);
     let idx = cx.tensor("index")?;
     let idx = cx.g.reshape(idx, &[it.numel()]);
-    let idx = checked_indices(cx, idx, sizes[dim], false, Kind::Runtime, out_of_bounds(dim, sizes[dim]));
+    // CPU's kernels for vectors and for higher ranks word it differently.
+    let idx = match t.sizes.len() {
+        0 | 1 => checked_indices(cx, idx, sizes[dim], false, Kind::Index, "index out of range in self".into()),
+        _ => checked_indices(cx, idx, sizes[dim], false, Kind::Runtime, out_of_bounds(dim, sizes[dim])),
+    };
     let src = cx.tensor("source")?;
     let src = cx.g.reshape(src, &ssizes);
     let src = cx.g.convert(src, ct);
