@@ -50,6 +50,17 @@ def test_bincount_rules(mode):
     raises_like_cpu(lambda a: torch.bincount(a, minlength=-1), x)
 
 
+def test_histc_range_rules(mode):
+    """histc's range from the data is checked on the device, and its message
+    names the range's floats as CPU prints them."""
+    raises_like_cpu(lambda a: torch.histc(a, bins=3), torch.tensor([1.0, float("inf")]))
+    raises_like_cpu(lambda a: torch.histc(a, bins=3, min=0, max=float("inf")), torch.tensor([1.0, 2.0]))
+    # CPU prints x86's default NaN as "-nan"; XLA's NaN prints as "nan".
+    with pytest.raises(RuntimeError, match=r"torch.histc: range of \[-?nan, -?nan\] is not finite"):
+        synced(lambda: torch.histc(torch.tensor([float("nan"), 0.5], device="tpu"), bins=2))
+    still_usable()
+
+
 def test_repeat_interleave_rules(mode):
     """repeat_interleave's repeats are checked on the device (its length measured)."""
     raises_like_cpu(torch.repeat_interleave, torch.tensor([-1, 2]))

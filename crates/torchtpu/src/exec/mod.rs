@@ -633,7 +633,11 @@ pub fn check_message(message: &str, values: Option<&DeviceBuffer>) -> Result<Str
     let mut bytes = vec![0u8; values.buf.on_device_size()?];
     values.to_host(&mut bytes)?;
     Ok(bytes.chunks_exact(8).fold(message.to_string(), |m, word| {
-        m.replacen("{}", &i64::from_le_bytes(word.try_into().unwrap()).to_string(), 1)
+        let word = i64::from_le_bytes(word.try_into().unwrap());
+        match m.contains("{f}") {
+            true => m.replacen("{f}", &lower::rules::streamed(f64::from_bits(word as u64)), 1),
+            false => m.replacen("{}", &word.to_string(), 1),
+        }
     }))
 }
 

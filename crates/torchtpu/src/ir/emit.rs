@@ -36,7 +36,6 @@ fn array(v: &[i64]) -> String {
     }
 }
 
-/// A literal for `dense<...>`: floats by bit pattern, so inf and NaN survive.
 /// A dot's or convolution's `precision_config` attribute, after a comma;
 /// none for XLA's default.
 fn precision_config(precision: Precision) -> String {
@@ -48,6 +47,7 @@ fn precision_config(precision: Precision) -> String {
     format!(", precision_config = [#stablehlo<precision {name}>, #stablehlo<precision {name}>]")
 }
 
+/// A literal for `dense<...>`: floats by bit pattern, so inf and NaN survive.
 fn literal(bits: i64, dtype: DType) -> String {
     match dtype {
         DType::Bool => (if bits != 0 { "true" } else { "false" }).into(),

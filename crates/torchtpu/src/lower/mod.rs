@@ -679,6 +679,16 @@ impl<'a> Cx<'a> {
         self.checks.push(Check { flag, value, kind, message: message.into() });
     }
 
+    /// `check`, naming float values: each `{f}` in the message becomes the
+    /// next element of `values` as CPU's messages print floats.
+    pub fn check_floats(&mut self, flag: V, values: V, kind: Kind, message: impl Into<String>) {
+        let n = self.g.ty(values).numel();
+        let v = self.g.convert(values, DType::F64);
+        let v = self.g.bitcast(v, Ty::new(DType::I64, &self.g.ty(v).shape.clone()));
+        let value = Some(self.g.reshape(v, &[n]));
+        self.checks.push(Check { flag, value, kind, message: message.into() });
+    }
+
     /// Raises `kind`(`message`) after execution if any element of `bad` (a
     /// bool array) is true.
     pub fn check_any(&mut self, bad: V, kind: Kind, message: impl Into<String>) {

@@ -1,6 +1,7 @@
 //! Reductions. One rule for dims/keepdim/dtype; float16/bfloat16 accumulate
 //! in float32.
 use super::elementwise::{arith, cpp_name, no_bool, not_implemented};
+use super::rules::streamed;
 use super::{op, op_consts, op_measured, wrap_dim, Cx, Entry};
 use crate::error::{Error, Kind, Result};
 use crate::ir::dtype::{opmath, DType};
@@ -627,8 +628,13 @@ fn histc(cx: &mut Cx) -> Result<Vec<V>> {
         let one = cx.g.scalar(1.0, rt);
         let single = cx.g.compare("EQ", lo, hi);
         let (below, above) = (cx.g.binary("stablehlo.subtract", lo, one), cx.g.binary("stablehlo.add", hi, one));
-        let (lo, hi) = (cx.g.select(single, below, lo), cx.g.select(single, above, hi));
+        let (mut lo, mut hi) = (cx.g.select(single, below, lo), cx.g.select(single, above, hi));
         if float {
+            // CPU's min and max of data holding NaN are x86's default NaN (negative).
+            let nan = cx.g.compare("NE", data, data);
+            let nan = cx.g.reduce(ReduceKind::Or, nan, &[0]);
+            let default_nan = cx.g.scalar(-f64::NAN, rt);
+            (lo, hi) = (cx.g.select(nan, default_nan, lo), cx.g.select(nan, default_nan, hi));
             let inf = cx.g.scalar(f64::INFINITY, rt);
             let finite = |cx: &mut Cx, v: V| {
                 let a = cx.g.unary("stablehlo.abs", v);
@@ -637,13 +643,19 @@ fn histc(cx: &mut Cx) -> Result<Vec<V>> {
             let (lo_ok, hi_ok) = (finite(cx, lo), finite(cx, hi));
             let ok = cx.g.binary("stablehlo.and", lo_ok, hi_ok);
             let bad = cx.g.unary("stablehlo.not", ok);
-            cx.check(bad, None, Kind::Runtime, "torch.histc: range of the input's values is not finite");
+            let range = [lo, hi].map(|v| cx.g.reshape(v, &[1]));
+            let range = cx.g.concatenate(&range, 0);
+            cx.check_floats(bad, range, Kind::Runtime, "torch.histc: range of [{f}, {f}] is not finite");
         }
         (lo, hi)
     } else {
         let (lo, hi) = if min == max { (min - 1.0, max + 1.0) } else { (min, max) };
         if float && !(lo.is_finite() && hi.is_finite()) {
-            return Err(Error::runtime(format!("torch.histc: range of [{lo}, {hi}] is not finite")));
+            return Err(Error::runtime(format!(
+                "torch.histc: range of [{}, {}] is not finite",
+                streamed(lo),
+                streamed(hi)
+            )));
         }
         if lo >= hi {
             return Err(Error::runtime("torch.histc: max must be larger than min"));
