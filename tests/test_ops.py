@@ -104,7 +104,6 @@ ALLOWED_FALLBACKS = {
     **{(name, check): (("aten::_linalg_svd.U",),
                        "nuclear and spectral norms (ord 'nuc', 2, -2) need singular values: SVD is a CPU fallback")
        for name in ("linalg.norm", "linalg.matrix_norm") for check in ("values", "out", "grad")},
-    ("digamma", "grad"): (("aten::polygamma.out",), "polygamma is not lowered (CHLO's differs from CPU's for x < 0)"),
 }
 
 # Known bugs outside the lowerings, each failing at least one sample:

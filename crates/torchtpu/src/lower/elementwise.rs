@@ -71,6 +71,7 @@ pub static ENTRIES: &[Entry] = &[
     op("erfinv", erfinv),
     op("lgamma", |cx| float_unary(cx, "chlo.lgamma")),
     op("digamma", digamma),
+    op("polygamma", polygamma),
     op("exp2", exp2),
     op("sinc", sinc),
     op("i0", |cx| bessel::lower(cx, Bessel::I0)),
@@ -911,6 +912,66 @@ fn digamma_of(cx: &mut Cx, x: V) -> V {
     let negative_integer = cx.g.binary("stablehlo.and", negative, whole);
     let nan = full_like(cx, f64::NAN, x);
     cx.g.select(negative_integer, nan, r)
+}
+
+/// The n-th derivative of digamma for n = 0 (digamma, the gradient of
+/// lgamma) and 1 (digamma's gradient): CPU's trigamma, its reflection below
+/// 1/2, six recurrence steps and the asymptotic series (CHLO's polygamma
+/// differs for x < 0).
+fn polygamma(cx: &mut Cx) -> Result<Vec<V>> {
+    let n = cx.int("n")?;
+    if n < 0 {
+        return Err(Error::runtime("polygamma(n, x) does not support negative n."));
+    }
+    let (x, dtype) = float_operand(cx)?;
+    let r = match n {
+        0 => digamma_of(cx, x),
+        1 => trigamma(cx, x),
+        // CPU sums Hurwitz's zeta term by term from x up past 9, a loop as long
+        // as x is negative: no fixed program computes it.
+        _ => return Err(Error::fallback("polygamma of order 2 and more")),
+    };
+    finish(cx, r, dtype)
+}
+
+fn trigamma(cx: &mut Cx, x: V) -> V {
+    let c = |cx: &mut Cx, v: f64| full_like(cx, v, x);
+    let (half, one, pi) = (c(cx, 0.5), c(cx, 1.0), c(cx, std::f64::consts::PI));
+    let reflect = cx.g.compare("LT", x, half);
+    let px = cx.g.binary("stablehlo.multiply", pi, x);
+    let sin = cx.g.unary("stablehlo.sine", px);
+    let sin2 = cx.g.binary("stablehlo.multiply", sin, sin);
+    let pi2 = cx.g.binary("stablehlo.multiply", pi, pi);
+    let pole = cx.g.binary("stablehlo.divide", pi2, sin2);
+    let zero = c(cx, 0.0);
+    let neg_pole = cx.g.binary("stablehlo.subtract", zero, pole);
+    let mut result = cx.g.select(reflect, neg_pole, zero);
+    let mirrored = cx.g.binary("stablehlo.subtract", one, x);
+    let mut x = cx.g.select(reflect, mirrored, x);
+    for _ in 0..6 {
+        let xx = cx.g.binary("stablehlo.multiply", x, x);
+        let inv = cx.g.binary("stablehlo.divide", one, xx);
+        result = cx.g.binary("stablehlo.add", result, inv);
+        x = cx.g.binary("stablehlo.add", x, one);
+    }
+    let xx = cx.g.binary("stablehlo.multiply", x, x);
+    let ixx = cx.g.binary("stablehlo.divide", one, xx);
+    // 1 + 1/(2x) + ixx (1/6 - ixx (1/30 - ixx / 42)), over x.
+    let (sixth, thirtieth, fortysecond) = (c(cx, 1.0 / 6.0), c(cx, 1.0 / 30.0), c(cx, 1.0 / 42.0));
+    let t = cx.g.binary("stablehlo.multiply", ixx, fortysecond);
+    let t = cx.g.binary("stablehlo.subtract", thirtieth, t);
+    let t = cx.g.binary("stablehlo.multiply", ixx, t);
+    let t = cx.g.binary("stablehlo.subtract", sixth, t);
+    let t = cx.g.binary("stablehlo.multiply", ixx, t);
+    let two = c(cx, 2.0);
+    let two_x = cx.g.binary("stablehlo.multiply", two, x);
+    let inv_2x = cx.g.binary("stablehlo.divide", one, two_x);
+    let series = cx.g.binary("stablehlo.add", one, inv_2x);
+    let series = cx.g.binary("stablehlo.add", series, t);
+    let series = cx.g.binary("stablehlo.divide", series, x);
+    let result = cx.g.binary("stablehlo.add", result, series);
+    let flipped = cx.g.unary("stablehlo.negate", result);
+    cx.g.select(reflect, flipped, result)
 }
 
 /// 2^x (XLA has no exp2).
