@@ -198,6 +198,24 @@ def test_antialiased_resize_of_half_types_follows_cuda(dtype):
     torch.testing.assert_close(actual.cpu(), expected.to(dtype))
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_multi_margin_loss_of_half_types_follows_cuda(dtype):
+    """CPU's multi-class margin loss takes float32 and float64 only; CUDA's
+    also takes float16 and bfloat16 (accumulated in float32); its gradient too."""
+    x = torch.randn(6, 5).to(dtype)
+    y = torch.tensor([0, 4, 2, 1, 3, 2])
+    w = torch.rand(5).to(dtype)
+    tpu_x = x.to("tpu").requires_grad_()
+    actual = torch.nn.functional.multi_margin_loss(tpu_x, y.to("tpu"), p=2, weight=w.to("tpu"))
+    actual.backward()
+    cpu_x = x.float().requires_grad_()
+    expected = torch.nn.functional.multi_margin_loss(cpu_x, y, p=2, weight=w.float())
+    expected.backward()
+    assert actual.dtype == tpu_x.grad.dtype == dtype
+    torch.testing.assert_close(actual.cpu(), expected.to(dtype))
+    torch.testing.assert_close(tpu_x.grad.cpu(), cpu_x.grad.to(dtype))
+
+
 def test_precision_probes():
     """What libraries ask a device module before choosing bf16 mixed precision
     (Accelerate, Lightning, transformers' `is_torch_bf16_gpu_available`-style checks)."""

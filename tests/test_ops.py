@@ -67,7 +67,7 @@ OPS = [
         "linalg.matrix_power", "linalg.tensorinv", "linalg.tensorsolve", "geqrf", "linalg.householder_product",
         "linalg.qr", "linalg.eigh", "linalg.eigvalsh"]),
     "cdist", "nn.functional.pdist", "norm", "norm.fro", "norm.inf", "dist", "nn.functional.pairwise_distance",
-    "nn.functional.triplet_margin_loss",
+    "nn.functional.triplet_margin_loss", "nn.functional.multi_margin_loss",
     # Fourier transforms (complex results)
     *(f"fft.{k}{n}" for k in ("fft", "ifft", "rfft", "irfft", "hfft", "ihfft") for n in ("", "2", "n")),
     "nn.functional.unfold", "nn.functional.embedding_bag", "nn.functional.embedding",

@@ -5,7 +5,7 @@ use super::elementwise::{finish, float_only, full_like, promoted};
 use super::nn::{add, div, loss_norm, mul, reduce_loss, sub};
 use super::{op, op_consts, Cx, Entry};
 use crate::error::{Error, Kind, Result};
-use crate::ir::{ReduceKind, V};
+use crate::ir::V;
 
 pub static ENTRIES: &[Entry] = &[
     op("binary_cross_entropy", binary_cross_entropy),
@@ -26,9 +26,7 @@ fn check_unit_interval(cx: &mut Cx, x: V, message: &str) {
     let below = cx.g.compare("LE", x, one);
     let inside = cx.g.binary("stablehlo.and", above, below);
     let outside = cx.g.unary("stablehlo.not", inside);
-    let all: Vec<usize> = (0..cx.g.ty(x).rank()).collect();
-    let any = cx.g.reduce(ReduceKind::Or, outside, &all);
-    cx.check(any, None, Kind::Runtime, message);
+    cx.check_any(outside, Kind::Runtime, message);
 }
 
 /// `v` times the optional `weight` argument (broadcast to v's shape).

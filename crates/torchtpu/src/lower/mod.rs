@@ -41,6 +41,7 @@ mod kernel;
 mod layout;
 mod linalg;
 mod loss;
+mod margin;
 mod nms;
 mod nn;
 mod norm;
@@ -142,6 +143,7 @@ fn table() -> impl Iterator<Item = &'static Entry> {
         kernel::ENTRIES,
         linalg::ENTRIES,
         loss::ENTRIES,
+        margin::ENTRIES,
         nms::ENTRIES,
         nn::ACTIVATIONS,
         nn::ENTRIES,
