@@ -72,6 +72,7 @@ pub static ENTRIES: &[Entry] = &[
     op("lgamma", |cx| float_unary(cx, "chlo.lgamma")),
     op("digamma", digamma),
     op("polygamma", polygamma),
+    op("frexp", frexp),
     op("exp2", exp2),
     op("sinc", sinc),
     op("i0", |cx| bessel::lower(cx, Bessel::I0)),
@@ -972,6 +973,78 @@ fn trigamma(cx: &mut Cx, x: V) -> V {
     let result = cx.g.binary("stablehlo.add", result, series);
     let flipped = cx.g.unary("stablehlo.negate", result);
     cx.g.select(reflect, flipped, result)
+}
+
+/// x = mantissa * 2^exponent with |mantissa| in [0.5, 1) (int32 exponent;
+/// 0, inf and NaN are their own mantissa, exponent 0), read from the bits:
+/// subnormals are normalised by their leading zeros, not by a product that
+/// XLA:CPU would flush to zero. Half types go through float32, as CPU's.
+fn frexp(cx: &mut Cx) -> Result<Vec<V>> {
+    let t = cx.meta("self")?;
+    if !t.dtype.is_float() {
+        return Err(Error::runtime("torch.frexp() only supports floating-point dtypes"));
+    }
+    if let Some(m) = cx.meta("mantissa").ok().filter(|m| m.dtype != t.dtype) {
+        return Err(Error::runtime(format!(
+            "torch.frexp() expects mantissa to have dtype {} but got {}",
+            cpp_name(t.dtype),
+            cpp_name(m.dtype)
+        )));
+    }
+    if let Some(e) = cx.meta("exponent").ok().filter(|e| e.dtype != DType::I32) {
+        return Err(Error::runtime(format!(
+            "torch.frexp() expects exponent to have int dtype but got {}",
+            cpp_name(e.dtype)
+        )));
+    }
+    let wide = t.dtype == DType::F64;
+    let (ft, it, fraction, bias) =
+        if wide { (DType::F64, DType::I64, 52, 1022) } else { (DType::F32, DType::I32, 23, 126) };
+    let width = if wide { 64 } else { 32 };
+    let shape = t.sizes;
+    let x = cx.tensor("self")?;
+    let x = cx.g.convert(x, ft);
+    let bits = cx.g.bitcast(x, crate::ir::Ty::new(it, shape));
+    let k = |cx: &mut Cx, v: i64| cx.g.full(v as f64, it, shape);
+    let exp_bits = width - 1 - fraction;
+    let (frac_mask, exp_mask, half_exp) =
+        (k(cx, (1 << fraction) - 1), k(cx, (1 << exp_bits) - 1), k(cx, bias << fraction));
+    let shift = k(cx, fraction);
+    let biased = cx.g.binary("stablehlo.shift_right_logical", bits, shift);
+    let biased = cx.g.binary("stablehlo.and", biased, exp_mask);
+    let frac = cx.g.binary("stablehlo.and", bits, frac_mask);
+    let sign_mask = cx.g.full(if wide { i64::MIN as f64 } else { i32::MIN as f64 }, it, shape);
+    let sign = cx.g.binary("stablehlo.and", bits, sign_mask);
+    // Normal: the exponent unbiased by one less; subnormal: by the leading zeros.
+    let unbias = k(cx, bias);
+    let normal_exp = cx.g.binary("stablehlo.subtract", biased, unbias);
+    let zeros = cx.g.unary("stablehlo.count_leading_zeros", frac);
+    // The top set bit moves to the implicit bit's place; the value was
+    // frac * 2^(1 - (bias + 1) - fraction).
+    let lead = k(cx, exp_bits);
+    let up = cx.g.binary("stablehlo.subtract", zeros, lead);
+    let top = k(cx, width - bias - fraction);
+    let sub_exp = cx.g.binary("stablehlo.subtract", top, zeros);
+    let sub_frac = cx.g.binary("stablehlo.shift_left", frac, up);
+    let sub_frac = cx.g.binary("stablehlo.and", sub_frac, frac_mask);
+    let none = k(cx, 0);
+    let subnormal = cx.g.compare("EQ", biased, none);
+    let exponent = cx.g.select(subnormal, sub_exp, normal_exp);
+    let frac = cx.g.select(subnormal, sub_frac, frac);
+    let m = cx.g.binary("stablehlo.or", sign, half_exp);
+    let m = cx.g.binary("stablehlo.or", m, frac);
+    let m = cx.g.bitcast(m, crate::ir::Ty::new(ft, shape));
+    // 0, inf and NaN: themselves, exponent 0.
+    let zero = cx.g.full(0.0, ft, shape);
+    let is_zero = cx.g.compare("EQ", x, zero);
+    let magnitude = cx.g.unary("stablehlo.abs", x);
+    let inf = cx.g.full(f64::INFINITY, ft, shape);
+    let finite = cx.g.compare("LT", magnitude, inf);
+    let special = cx.g.unary("stablehlo.not", finite);
+    let special = cx.g.binary("stablehlo.or", special, is_zero);
+    let m = cx.g.select(special, x, m);
+    let exponent = cx.g.select(special, none, exponent);
+    Ok(vec![cx.g.convert(m, t.dtype), cx.g.convert(exponent, DType::I32)])
 }
 
 /// 2^x (XLA has no exp2).
