@@ -42,7 +42,7 @@ OPS = [
     "sum", "prod", "mean", "linalg.vector_norm", "amax", "amin", "max.reduction_no_dim", "max.reduction_with_dim",
     "min.reduction_no_dim", "min.reduction_with_dim", "argmax", "argmin", "all", "any", "histc", "bincount",
     "var", "var.unbiased", "std", "std.unbiased", "var_mean", "var_mean.unbiased", "std_mean", "std_mean.unbiased",
-    "nansum", "nanmean", "count_nonzero", "aminmax", "cumsum", "cumprod",
+    "nansum", "nanmean", "count_nonzero", "aminmax", "cumsum", "cumprod", "renorm",
     # matrix products
     "mm", "bmm", "addmm", "addmm.decomposed", "baddbmm", "addbmm", "linalg.cross", "cross", "matmul", "mv", "dot", "vdot", "linalg.vecdot", "addmv",
     # shapes, indexing, factories

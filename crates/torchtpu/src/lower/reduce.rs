@@ -1,7 +1,7 @@
 //! Reductions. One rule for dims/keepdim/dtype; float16/bfloat16 accumulate
 //! in float32.
 use super::elementwise::{arith, cpp_name, no_bool, not_implemented};
-use super::rules::streamed;
+use super::rules::{number, streamed};
 use super::{op, op_consts, op_measured, wrap_dim, Cx, Entry};
 use crate::error::{Error, Kind, Result};
 use crate::ir::dtype::{opmath, DType};
@@ -11,6 +11,7 @@ use crate::lower::args::Tensor;
 pub static ENTRIES: &[Entry] = &[
     op_consts("linalg_vector_norm", vector_norm, &["ord"]),
     op_consts("norm", norm, &["p"]),
+    op_consts("renorm", renorm, &["p"]).ruled(renorm_rules),
     op("sum", |cx| accumulate(cx, ReduceKind::Sum)),
     op("prod", |cx| accumulate(cx, ReduceKind::Prod)),
     op("mean", mean),
@@ -571,29 +572,86 @@ fn p_norm(cx: &mut Cx, ord: f64) -> Result<Vec<V>> {
         }
     }
     let keep = keepdim(cx)?;
-    let r = if ord == f64::INFINITY || ord == f64::NEG_INFINITY {
+    let r = norm_of(cx, a, ord, &dims, keep);
+    Ok(vec![cx.g.convert(r, dtype)])
+}
+
+/// The `ord`-norm over `dims` of `a`, magnitudes in the compute type.
+pub(super) fn norm_of(cx: &mut Cx, a: V, ord: f64, dims: &[usize], keep: bool) -> V {
+    let ty = cx.g.ty(a).clone();
+    if ord == f64::INFINITY || ord == f64::NEG_INFINITY {
         let kind = if ord > 0.0 { ReduceKind::Max } else { ReduceKind::Min };
-        reduce_keep(cx, kind, a, &dims, keep)
+        reduce_keep(cx, kind, a, dims, keep)
     } else if ord == 0.0 {
-        let zero = cx.g.full(0.0, ct, t.sizes);
+        let zero = cx.g.full(0.0, ty.dtype, &ty.shape);
         let nonzero = cx.g.compare("NE", a, zero);
-        let ones = cx.g.convert(nonzero, ct);
-        reduce_keep(cx, ReduceKind::Sum, ones, &dims, keep)
+        let ones = cx.g.convert(nonzero, ty.dtype);
+        reduce_keep(cx, ReduceKind::Sum, ones, dims, keep)
     } else if ord == 1.0 {
-        reduce_keep(cx, ReduceKind::Sum, a, &dims, keep)
+        reduce_keep(cx, ReduceKind::Sum, a, dims, keep)
     } else if ord == 2.0 {
         let sq = cx.g.binary("stablehlo.multiply", a, a);
-        let s = reduce_keep(cx, ReduceKind::Sum, sq, &dims, keep);
+        let s = reduce_keep(cx, ReduceKind::Sum, sq, dims, keep);
         cx.g.unary("stablehlo.sqrt", s)
     } else {
-        let p = cx.g.full(ord, ct, t.sizes);
+        let p = cx.g.full(ord, ty.dtype, &ty.shape);
         let powered = cx.g.binary("stablehlo.power", a, p);
-        let s = reduce_keep(cx, ReduceKind::Sum, powered, &dims, keep);
+        let s = reduce_keep(cx, ReduceKind::Sum, powered, dims, keep);
         let shape = cx.g.ty(s).shape.clone();
-        let inv = cx.g.full(1.0 / ord, ct, &shape);
+        let inv = cx.g.full(1.0 / ord, ty.dtype, &shape);
         cx.g.binary("stablehlo.power", s, inv)
-    };
-    Ok(vec![cx.g.convert(r, dtype)])
+    }
+}
+
+/// `renorm`: each slice along `dim` whose `p`-norm exceeds `maxnorm` scaled
+/// by maxnorm / (norm + 1e-7), as CPU's kernel (norms in float32 for half
+/// types).
+fn renorm(cx: &mut Cx) -> Result<Vec<V>> {
+    let t = cx.meta("self")?;
+    let p = cx.const_f64("p")?;
+    if !(p > 0.0) {
+        return Err(Error::runtime("renorm: non-positive-norm not supported"));
+    }
+    if t.sizes.len() < 2 {
+        return Err(Error::runtime(format!(
+            "renorm: input needs at least 2 dimensions, got {} dimensions",
+            t.sizes.len()
+        )));
+    }
+    if !t.dtype.is_float() {
+        return Err(Error::not_implemented(format!(
+            "linalg.vector_norm: Expected a floating point or complex tensor as input. Got {}",
+            t.dtype.torch_name()
+        )));
+    }
+    let dim = wrap_dim(cx.int("dim")?, t.sizes.len())?;
+    let ct = opmath(t.dtype);
+    let x = cx.tensor("self")?;
+    let x = cx.g.convert(x, ct);
+    let a = cx.g.unary("stablehlo.abs", x);
+    let dims: Vec<usize> = (0..t.sizes.len()).filter(|&d| d != dim).collect();
+    let norm = norm_of(cx, a, p, &dims, true);
+    let shape = cx.g.ty(norm).shape.clone();
+    let maxnorm = cx.scalar_like("maxnorm", ct, &shape)?.expect("maxnorm");
+    let eps = cx.g.full(1e-7, ct, &shape);
+    let padded = cx.g.binary("stablehlo.add", norm, eps);
+    let scale = cx.g.binary("stablehlo.divide", maxnorm, padded);
+    let one = cx.g.full(1.0, ct, &shape);
+    let over = cx.g.compare("GT", norm, maxnorm);
+    let factor = cx.g.select(over, scale, one);
+    let factor = cx.g.broadcast_to(factor, t.sizes);
+    let r = cx.g.binary("stablehlo.multiply", x, factor);
+    Ok(vec![cx.g.convert(r, t.dtype)])
+}
+
+/// renorm's `maxnorm`, a runtime number, is not negative.
+fn renorm_rules(cx: &Cx) -> Result<()> {
+    match number(cx, "maxnorm") {
+        Some(m) if m < 0.0 => {
+            Err(Error::runtime(format!("renorm: expected maxnorm to be >= 0 but got {}", streamed(m))))
+        }
+        _ => Ok(()),
+    }
 }
 
 /// `histc`: counts of self's elements in `bins` equal bins over [min, max],
