@@ -35,7 +35,7 @@ OPS = [
     "neg", "abs", "sign", "sgn", "floor", "ceil", "trunc", "round", "round.decimals_0",
     "round.decimals_3", "round.decimals_neg_3", "exp", "expm1", "log", "log1p", "log2", "log10",
     "sqrt", "rsqrt", "tanh", "sigmoid", "sin", "cos", "tan", "erf", "reciprocal", "erfc", "erfinv", "lgamma",
-    "digamma", "frexp", "exp2", "sinc", "i0", "special.i0e", "special.i1", "special.i1e",
+    "digamma", "frexp", "gcd", "lcm", "exp2", "sinc", "i0", "special.i0e", "special.i1", "special.i1e",
     "logaddexp", "logaddexp2", "signbit", "angle", "complex", "polar", "trace", "xlogy", "special.xlog1py", "special.entr", "nextafter", "fmax", "fmin", "frac", "logit", "nan_to_num", "hypot", "copysign", "heaviside",
     "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh",
     # reductions

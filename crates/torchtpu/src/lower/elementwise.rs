@@ -73,6 +73,8 @@ pub static ENTRIES: &[Entry] = &[
     op("digamma", digamma),
     op("polygamma", polygamma),
     op("frexp", frexp),
+    op("gcd", |cx| gcd_lcm(cx, false)),
+    op("lcm", |cx| gcd_lcm(cx, true)),
     op("exp2", exp2),
     op("sinc", sinc),
     op("i0", |cx| bessel::lower(cx, Bessel::I0)),
@@ -1045,6 +1047,42 @@ fn frexp(cx: &mut Cx) -> Result<Vec<V>> {
     let m = cx.g.select(special, x, m);
     let exponent = cx.g.select(special, none, exponent);
     Ok(vec![cx.g.convert(m, t.dtype), cx.g.convert(exponent, DType::I32)])
+}
+
+/// CPU's `calc_gcd` (Euclid's loop on the magnitudes, `abs` wrapping at the
+/// type's minimum), unrolled for as many steps as the type's widest
+/// Fibonacci pair needs; lcm = |a / gcd * b|, 0 where the gcd is 0.
+fn gcd_lcm(cx: &mut Cx, lcm: bool) -> Result<Vec<V>> {
+    let (v, dtype) = promoted(cx, &["self", "other"])?;
+    if !dtype.is_int() || matches!(dtype, DType::U32 | DType::U64) {
+        return Err(not_implemented(if lcm { "lcm_cpu" } else { "gcd_cpu" }, dtype));
+    }
+    let (x, y) = (v[0], v[1]);
+    let magnitude = |cx: &mut Cx, v: V| if dtype == DType::U8 { v } else { cx.g.unary("stablehlo.abs", v) };
+    let (mut a, mut b) = (magnitude(cx, x), magnitude(cx, y));
+    let (zero, one) = (full_like(cx, 0.0, a), full_like(cx, 1.0, a));
+    let steps = (dtype.size() * 8 * 3).div_ceil(2) + 2;
+    for _ in 0..steps {
+        let going = cx.g.compare("NE", a, zero);
+        let safe = cx.g.select(going, a, one);
+        let r = cx.g.binary("stablehlo.remainder", b, safe);
+        b = cx.g.select(going, a, b);
+        a = cx.g.select(going, r, zero);
+    }
+    if !lcm {
+        return finish(cx, b, dtype);
+    }
+    // C++ computes a / g * b of narrower types in int, then narrows |it|.
+    let wide = if dtype.size() < 4 { DType::I32 } else { dtype };
+    let none = cx.g.compare("EQ", b, zero);
+    let safe = cx.g.select(none, one, b);
+    let q = cx.g.binary("stablehlo.divide", x, safe);
+    let [q, y] = [q, y].map(|v| cx.g.convert(v, wide));
+    let m = cx.g.binary("stablehlo.multiply", q, y);
+    let m = cx.g.unary("stablehlo.abs", m);
+    let m = cx.g.convert(m, dtype);
+    let r = cx.g.select(none, zero, m);
+    finish(cx, r, dtype)
 }
 
 /// 2^x (XLA has no exp2).
