@@ -66,6 +66,31 @@ def test_normal_of_tensor_mean_or_std(mode):
     assert_moments(std_only, 4.0, 3.0)
 
 
+@pytest.mark.parametrize("alpha", [0.05, 0.7, 1.0, 3.5, 60.0])
+def test_gamma_samples(alpha, mode):
+    """torch.distributions.Gamma's sampler (`_standard_gamma`): Gamma(alpha, 1)
+    has mean and variance alpha; shapes below 1 take CPU's boost."""
+    x = torch.distributions.Gamma(torch.full((N,), alpha, device="tpu"), torch.ones(N, device="tpu")).sample()
+    assert x.device.type == "tpu" and x.dtype == torch.float32
+    assert x.cpu().min() > 0
+    assert_moments(x, alpha, math.sqrt(alpha))
+
+
+def test_dirichlet_and_beta_samples(mode):
+    """Dirichlet(alpha) (`_sample_dirichlet`): on the simplex, component i with
+    mean alpha_i / sum and variance m_i (1 - m_i) / (sum + 1); Beta samples
+    through it."""
+    alpha = torch.tensor([0.5, 1.0, 3.0])
+    x = torch.distributions.Dirichlet(alpha.to("tpu")).sample((N,)).cpu()
+    torch.testing.assert_close(x.sum(1), torch.ones(N), rtol=0, atol=1e-6)
+    total = alpha.sum().item()
+    for i, a in enumerate(alpha.tolist()):
+        m = a / total
+        assert_moments(x[:, i], m, math.sqrt(m * (1 - m) / (total + 1)))
+    b = torch.distributions.Beta(torch.tensor(2.0, device="tpu"), torch.tensor(5.0, device="tpu")).sample((N,))
+    assert_moments(b, 2 / 7, math.sqrt(2 * 5 / (7**2 * 8)))
+
+
 def test_rand_randn(mode):
     u = torch.rand(300, 700, device="tpu")
     z = torch.randn(300, 700, device="tpu")
@@ -166,6 +191,8 @@ def test_multinomial(mode):
     # Tensor arguments' values, checked on the device.
     lambda d: torch.normal(torch.zeros(3, device=d), torch.tensor([1.0, -1.0, 1.0], device=d)),
     lambda d: torch.bernoulli(torch.tensor([0.5, 1.5], device=d)),
+    lambda d: torch._standard_gamma(torch.ones(2, dtype=torch.long, device=d)),
+    lambda d: torch._sample_dirichlet(torch.ones(1, 2, dtype=torch.long, device=d)),
 ])
 def test_errors_are_cpus(call, mode):
     with pytest.raises(RuntimeError) as on_cpu:

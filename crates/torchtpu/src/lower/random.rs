@@ -16,6 +16,8 @@ pub static ENTRIES: &[Entry] = &[
     op_consts("exponential", exponential, &["lambd"]),
     op("randperm", randperm),
     op("multinomial", multinomial),
+    op("_standard_gamma", standard_gamma),
+    op("_sample_dirichlet", sample_dirichlet),
 ];
 
 /// Uniform floats in [0, 1) of `shape`, from the call's generator.
@@ -90,8 +92,15 @@ fn affine(cx: &mut Cx, unit: V, scale: V, shift: V, dtype: DType) -> V {
 pub fn standard_normal(cx: &mut Cx, shape: &[i64], generator: Option<&str>) -> Result<V> {
     let n: i64 = shape.iter().product();
     let u = uniform01(cx, &[2, n], generator)?;
-    let u1 = cx.g.slice(u, &[0, 0], &[1, n], &[1, 1]);
-    let u2 = cx.g.slice(u, &[1, 0], &[2, n], &[1, 1]);
+    let z = box_muller(cx, u, 0);
+    Ok(cx.g.reshape(z, shape))
+}
+
+/// Standard normals [1, n] from rows `row` and `row + 1` of the uniforms `u` [rows, n].
+fn box_muller(cx: &mut Cx, u: V, row: i64) -> V {
+    let n = cx.g.ty(u).shape[1];
+    let u1 = cx.g.slice(u, &[row, 0], &[row + 1, n], &[1, 1]);
+    let u2 = cx.g.slice(u, &[row + 1, 0], &[row + 2, n], &[1, 1]);
     let one = cx.g.full(1.0, DType::F32, &[1, n]);
     let u1 = cx.g.binary("stablehlo.subtract", one, u1);
     let l = cx.g.unary("stablehlo.log", u1);
@@ -101,8 +110,132 @@ pub fn standard_normal(cx: &mut Cx, shape: &[i64], generator: Option<&str>) -> R
     let tau = cx.g.full(std::f64::consts::TAU, DType::F32, &[1, n]);
     let th = cx.g.binary("stablehlo.multiply", tau, u2);
     let c = cx.g.unary("stablehlo.cosine", th);
-    let z = cx.g.binary("stablehlo.multiply", r, c);
-    Ok(cx.g.reshape(z, shape))
+    cx.g.binary("stablehlo.multiply", r, c)
+}
+
+/// Tries of Marsaglia and Tsang's method: each is accepted with probability
+/// above 0.95 (alpha >= 1 after the boost), so a sample runs past all of
+/// them with probability below 1e-15.
+const GAMMA_TRIES: i64 = 12;
+
+/// Gamma(alpha, 1) samples [1, n] of `alpha` [1, n] (float32) as CPU's
+/// `sample_gamma`: alpha below 1 boosted by one and the sample scaled by
+/// u^(1/alpha), then Marsaglia and Tsang's acceptance-rejection, its loop
+/// unrolled for GAMMA_TRIES tries (the first accepted kept). Alpha 0
+/// samples 0; callers clamp as CPU does.
+fn gamma_samples(cx: &mut Cx, alpha: V) -> Result<V> {
+    let n = cx.g.ty(alpha).shape[1];
+    let shape = [1, n];
+    let u = uniform01(cx, &[3 * GAMMA_TRIES + 1, n], Some("generator"))?;
+    let c = |cx: &mut Cx, v: f64| cx.g.full(v, DType::F32, &shape);
+    let (zero, one) = (c(cx, 0.0), c(cx, 1.0));
+    let small = cx.g.compare("LT", alpha, one);
+    let boost = cx.g.slice(u, &[3 * GAMMA_TRIES, 0], &[3 * GAMMA_TRIES + 1, n], &[1, 1]);
+    let boost = cx.g.binary("stablehlo.subtract", one, boost);
+    let inverse = cx.g.binary("stablehlo.divide", one, alpha);
+    let boosted_scale = cx.g.binary("stablehlo.power", boost, inverse);
+    let scale = cx.g.select(small, boosted_scale, one);
+    let raised = cx.g.binary("stablehlo.add", alpha, one);
+    let a = cx.g.select(small, raised, alpha);
+    let third = c(cx, 1.0 / 3.0);
+    let d = cx.g.binary("stablehlo.subtract", a, third);
+    let nine = c(cx, 9.0);
+    let nine_d = cx.g.binary("stablehlo.multiply", nine, d);
+    let root = cx.g.unary("stablehlo.sqrt", nine_d);
+    let cc = cx.g.binary("stablehlo.divide", one, root);
+    let scale_d = cx.g.binary("stablehlo.multiply", scale, d);
+    let (mut sample, mut found) = (scale_d, cx.g.compare("NE", zero, zero));
+    for k in 0..GAMMA_TRIES {
+        let x = box_muller(cx, u, 2 * k);
+        let cx_ = cx.g.binary("stablehlo.multiply", cc, x);
+        let y = cx.g.binary("stablehlo.add", one, cx_);
+        let valid = cx.g.compare("GT", y, zero);
+        let yy = cx.g.binary("stablehlo.multiply", y, y);
+        let v = cx.g.binary("stablehlo.multiply", yy, y);
+        let uk = cx.g.slice(u, &[2 * GAMMA_TRIES + k, 0], &[2 * GAMMA_TRIES + k + 1, n], &[1, 1]);
+        let uk = cx.g.binary("stablehlo.subtract", one, uk);
+        let xx = cx.g.binary("stablehlo.multiply", x, x);
+        // u < 1 - 0.0331 x^4, or log u < x^2/2 + d (1 - v + log v).
+        let k4 = c(cx, 0.0331);
+        let x4 = cx.g.binary("stablehlo.multiply", xx, xx);
+        let t = cx.g.binary("stablehlo.multiply", k4, x4);
+        let bound = cx.g.binary("stablehlo.subtract", one, t);
+        let squeeze = cx.g.compare("LT", uk, bound);
+        let log_u = cx.g.unary("stablehlo.log", uk);
+        let half = c(cx, 0.5);
+        let hxx = cx.g.binary("stablehlo.multiply", half, xx);
+        let log_v = cx.g.unary("stablehlo.log", v);
+        let w = cx.g.binary("stablehlo.subtract", one, v);
+        let w = cx.g.binary("stablehlo.add", w, log_v);
+        let w = cx.g.binary("stablehlo.multiply", d, w);
+        let w = cx.g.binary("stablehlo.add", hxx, w);
+        let full = cx.g.compare("LT", log_u, w);
+        let accept = cx.g.binary("stablehlo.or", squeeze, full);
+        let accept = cx.g.binary("stablehlo.and", valid, accept);
+        let first = cx.g.unary("stablehlo.not", found);
+        let take = cx.g.binary("stablehlo.and", accept, first);
+        let value = cx.g.binary("stablehlo.multiply", scale_d, v);
+        sample = cx.g.select(take, value, sample);
+        found = cx.g.binary("stablehlo.or", found, accept);
+    }
+    let none = cx.g.compare("EQ", alpha, zero);
+    Ok(cx.g.select(none, zero, sample))
+}
+
+/// `x` in `dtype`, at least the dtype's smallest normal number.
+fn at_least_normal(cx: &mut Cx, x: V, dtype: DType) -> V {
+    let x = cx.g.convert(x, dtype);
+    let floor = match dtype {
+        DType::F16 => 6.103515625e-05,
+        DType::F64 => f64::MIN_POSITIVE,
+        _ => f32::MIN_POSITIVE as f64,
+    };
+    let floor = cx.g.full(floor, dtype, &cx.g.ty(x).shape.clone());
+    cx.g.binary("stablehlo.maximum", x, floor)
+}
+
+/// Gamma samples [1, n] of the float tensor `self`'s n shapes (`kernel`:
+/// CPU's name in the error for other dtypes).
+fn gamma_of_self(cx: &mut Cx, kernel: &str) -> Result<V> {
+    let t = cx.meta("self")?;
+    if !t.dtype.is_float() {
+        return Err(not_implemented(kernel, t.dtype));
+    }
+    let alpha = cx.tensor("self")?;
+    let alpha = cx.g.convert(alpha, DType::F32);
+    let alpha = cx.g.reshape(alpha, &[1, t.numel()]);
+    gamma_samples(cx, alpha)
+}
+
+/// `_standard_gamma(alpha)`: a Gamma(alpha, 1) sample per element (half
+/// types as CUDA's, in float32).
+fn standard_gamma(cx: &mut Cx) -> Result<Vec<V>> {
+    let t = cx.meta("self")?;
+    let g = gamma_of_self(cx, "gamma_cpu")?;
+    let g = at_least_normal(cx, g, t.dtype);
+    Ok(vec![cx.g.reshape(g, t.sizes)])
+}
+
+/// `_sample_dirichlet(alpha)`: Gamma samples normalised over the last
+/// dimension, in float64 and clamped to [smallest normal, 1) as CPU's.
+fn sample_dirichlet(cx: &mut Cx) -> Result<Vec<V>> {
+    let t = cx.meta("self")?;
+    // CPU samples these in double, clamped at double's smallest normal.
+    let g = gamma_of_self(cx, "dirichlet")?;
+    let g = at_least_normal(cx, g, DType::F64);
+    let rows = super::index::as_vector(&t);
+    let g = cx.g.reshape(g, &rows);
+    let last = rows.len() - 1;
+    let sum = cx.g.reduce(ReduceKind::Sum, g, &[last]);
+    let dims: Vec<i64> = (0..last as i64).collect();
+    let sum = cx.g.broadcast_in_dim(sum, &rows, &dims);
+    let r = cx.g.binary("stablehlo.divide", g, sum);
+    let low = cx.g.full(f64::MIN_POSITIVE, DType::F64, &rows);
+    let high = cx.g.full(1.0 - f64::EPSILON / 2.0, DType::F64, &rows);
+    let r = cx.g.binary("stablehlo.maximum", r, low);
+    let r = cx.g.binary("stablehlo.minimum", r, high);
+    let r = cx.g.convert(r, t.dtype);
+    Ok(vec![cx.g.reshape(r, t.sizes)])
 }
 
 /// A float dtype and a non-negative number `std` (a tensor's elements are
