@@ -4,7 +4,7 @@
 use super::elementwise::{finish, float_only, full_like, promoted};
 use super::nn::{add, div, loss_norm, mul, reduce_loss, sub};
 use super::{op, op_consts, Cx, Entry};
-use crate::error::{Error, Kind, Result};
+use crate::error::{Error, Result};
 use crate::ir::V;
 
 pub static ENTRIES: &[Entry] = &[
@@ -17,17 +17,6 @@ pub static ENTRIES: &[Entry] = &[
     op_consts("huber_loss", |cx| robust_loss(cx, true), &["delta"]),
     op_consts("huber_loss_backward", |cx| robust_loss_backward(cx, true), &["delta"]),
 ];
-
-/// Raises RuntimeError(message) after execution unless `0 <= x <= 1` everywhere.
-fn check_unit_interval(cx: &mut Cx, x: V, message: &str) {
-    let zero = full_like(cx, 0.0, x);
-    let one = full_like(cx, 1.0, x);
-    let above = cx.g.compare("GE", x, zero);
-    let below = cx.g.compare("LE", x, one);
-    let inside = cx.g.binary("stablehlo.and", above, below);
-    let outside = cx.g.unary("stablehlo.not", inside);
-    cx.check_any(outside, Kind::Runtime, message);
-}
 
 /// `v` times the optional `weight` argument (broadcast to v's shape).
 fn weighted(cx: &mut Cx, v: V) -> Result<V> {
@@ -42,8 +31,8 @@ fn weighted(cx: &mut Cx, v: V) -> Result<V> {
 fn binary_cross_entropy(cx: &mut Cx) -> Result<Vec<V>> {
     let (v, dtype) = promoted(cx, &["self", "target"])?;
     let (x, t) = (v[0], v[1]);
-    check_unit_interval(cx, x, "all elements of input should be between 0 and 1");
-    check_unit_interval(cx, t, "all elements of target should be between 0 and 1");
+    cx.check_unit_interval(x, "all elements of input should be between 0 and 1");
+    cx.check_unit_interval(t, "all elements of target should be between 0 and 1");
     let floor = full_like(cx, -100.0, x);
     let one = full_like(cx, 1.0, x);
     let nx = cx.g.unary("stablehlo.negate", x);

@@ -699,6 +699,18 @@ impl<'a> Cx<'a> {
         self.check(any, None, kind, message);
     }
 
+    /// Raises RuntimeError(`message`) after execution unless `0 <= x <= 1`
+    /// everywhere (NaN is outside).
+    pub fn check_unit_interval(&mut self, x: V, message: impl Into<String>) {
+        let ty = self.g.ty(x).clone();
+        let (zero, one) = (self.g.full(0.0, ty.dtype, &ty.shape), self.g.full(1.0, ty.dtype, &ty.shape));
+        let above = self.g.compare("GE", x, zero);
+        let below = self.g.compare("LE", x, one);
+        let inside = self.g.binary("stablehlo.and", above, below);
+        let outside = self.g.unary("stablehlo.not", inside);
+        self.check_any(outside, Kind::Runtime, message);
+    }
+
     /// The next value of tensor `name`'s storage once `src` (its view's
     /// shape and dtype) is written into the view.
     pub fn write_view(&mut self, name: &str, src: V) -> Result<V> {

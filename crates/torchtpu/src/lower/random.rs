@@ -306,15 +306,8 @@ fn bernoulli(cx: &mut Cx) -> Result<Vec<V>> {
     let p_tensor =
         if cx.has("p") { cx.meta("p").ok().map(|_| cx.tensor("p")).transpose()? } else { Some(cx.tensor("self")?) };
     if let Some(p) = p_tensor {
-        let ty = cx.g.ty(p).clone();
-        let (zero, one) = (cx.g.full(0.0, ty.dtype, &ty.shape), cx.g.full(1.0, ty.dtype, &ty.shape));
-        let low = cx.g.compare("GE", p, zero);
-        let high = cx.g.compare("LE", p, one);
-        let ok = cx.g.binary("stablehlo.and", low, high);
-        let bad = cx.g.unary("stablehlo.not", ok);
-        cx.check_any(
-            bad,
-            Kind::Runtime,
+        cx.check_unit_interval(
+            p,
             "Expected p_in >= 0 && p_in <= 1 to be true, but got false.  (Could this error message be improved?  If so, please report an enhancement request to PyTorch.)",
         );
     }
