@@ -129,6 +129,10 @@ struct Marshal {
   // Moving a vector keeps its buffer, so TtArgs may point into these.
   std::vector<std::vector<int64_t>> ints;
   std::vector<std::vector<double>> floats;
+  // Arguments with a math bit, resolved: lowerings read stored values, and
+  // the math-bit fallbacks let linear algebra (mm, dot, solve_triangular)
+  // through with the bit set, as BLAS takes a conjugate operand.
+  std::vector<at::Tensor> resolved;
   // A call the core cannot take runs on the CPU: its arguments carry no
   // complex numbers, and XLA has no complex32 to compute in.
   bool on_cpu = false;
@@ -198,6 +202,11 @@ struct Marshal {
 
   const TtTensor* push(const at::Tensor& t) {
     on_cpu |= t.defined() && t.scalar_type() == at::kComplexHalf;
+    if (t.defined() && (t.is_conj() || t.is_neg())) {
+      resolved.push_back(t.resolve_conj().resolve_neg());
+      tensors.push_back(describe(resolved.back()));
+      return &tensors.back();
+    }
     tensors.push_back(describe(t));
     return &tensors.back();
   }

@@ -378,6 +378,17 @@ impl Graph {
         self.push(Op::Elementwise("stablehlo.abs"), vec![a], ty)
     }
 
+    /// The complex conjugate (a real value is its own).
+    pub fn conj(&mut self, a: V) -> V {
+        if !self.ty(a).dtype.is_complex() {
+            return a;
+        }
+        let re = self.part(a, false);
+        let im = self.part(a, true);
+        let im = self.unary("stablehlo.negate", im);
+        self.complex(re, im)
+    }
+
     /// The complex value with parts `re` and `im` (same type).
     pub fn complex(&mut self, re: V, im: V) -> V {
         let t = self.ty(re);

@@ -21,10 +21,10 @@ pub static ENTRIES: &[Entry] = &[
     op("fmod", fmod),
     op("maximum", |cx| arith(cx, "stablehlo.maximum")),
     op("minimum", |cx| arith(cx, "stablehlo.minimum")),
-    op("pow", pow).ruled(pow_rules),
+    op_complex("pow", pow).ruled(pow_rules),
     op("atan2", |cx| float_binary(cx, "stablehlo.atan2")),
-    op("eq", |cx| compare(cx, "EQ")),
-    op("ne", |cx| compare(cx, "NE")),
+    op_complex("eq", |cx| compare(cx, "EQ")),
+    op_complex("ne", |cx| compare(cx, "NE")),
     op("lt", |cx| compare(cx, "LT")),
     op("le", |cx| compare(cx, "LE")),
     op("gt", |cx| compare(cx, "GT")),
@@ -43,7 +43,7 @@ pub static ENTRIES: &[Entry] = &[
     op("__rshift__", |cx| shift(cx, false)),
     op("__ilshift__", |cx| shift(cx, true)),
     op("__irshift__", |cx| shift(cx, false)),
-    op("neg", neg),
+    op_complex("neg", neg),
     op_complex("abs", abs),
     op("sign", sign),
     op_complex("sgn", sgn),
@@ -51,21 +51,21 @@ pub static ENTRIES: &[Entry] = &[
     op("ceil", |cx| same_unary(cx, "stablehlo.ceil", not_implemented("ceil_vml_cpu", DType::Bool))),
     op("round", round),
     op("trunc", trunc),
-    op("exp", |cx| float_unary(cx, "stablehlo.exponential")),
-    op("expm1", |cx| float_unary(cx, "stablehlo.exponential_minus_one")),
-    op("log", |cx| float_unary(cx, "stablehlo.log")),
-    op("log1p", |cx| float_unary(cx, "stablehlo.log_plus_one")),
-    op("log2", |cx| log_base(cx, std::f64::consts::LN_2)),
-    op("log10", |cx| log_base(cx, std::f64::consts::LN_10)),
-    op("sqrt", |cx| float_unary(cx, "stablehlo.sqrt")),
-    op("rsqrt", |cx| float_unary(cx, "stablehlo.rsqrt")),
-    op("tanh", |cx| float_unary(cx, "stablehlo.tanh")),
+    op_complex("exp", |cx| float_unary(cx, "stablehlo.exponential")),
+    op_complex("expm1", |cx| float_unary(cx, "stablehlo.exponential_minus_one")),
+    op_complex("log", |cx| float_unary(cx, "stablehlo.log")),
+    op_complex("log1p", |cx| float_unary(cx, "stablehlo.log_plus_one")),
+    op_complex("log2", |cx| log_base(cx, std::f64::consts::LN_2)),
+    op_complex("log10", |cx| log_base(cx, std::f64::consts::LN_10)),
+    op_complex("sqrt", |cx| float_unary(cx, "stablehlo.sqrt")),
+    op_complex("rsqrt", |cx| float_unary(cx, "stablehlo.rsqrt")),
+    op_complex("tanh", |cx| float_unary(cx, "stablehlo.tanh")),
     op("sigmoid", |cx| float_unary(cx, "stablehlo.logistic")),
-    op("tanh_backward", tanh_backward),
-    op("sigmoid_backward", sigmoid_backward),
-    op("sin", |cx| float_unary(cx, "stablehlo.sine")),
-    op("cos", |cx| float_unary(cx, "stablehlo.cosine")),
-    op("tan", |cx| float_unary(cx, "stablehlo.tan")),
+    op_complex("tanh_backward", tanh_backward),
+    op_complex("sigmoid_backward", sigmoid_backward),
+    op_complex("sin", |cx| trig(cx, "stablehlo.sine")),
+    op_complex("cos", |cx| trig(cx, "stablehlo.cosine")),
+    op_complex("tan", |cx| float_unary(cx, "stablehlo.tan")),
     op("erf", |cx| float_unary(cx, "chlo.erf")),
     op("erfc", |cx| float_unary(cx, "chlo.erfc")),
     op("erfinv", erfinv),
@@ -95,7 +95,7 @@ pub static ENTRIES: &[Entry] = &[
     op("frac", frac),
     op("logit", logit),
     op("logit_backward", logit_backward),
-    op("nan_to_num", nan_to_num),
+    op_complex("nan_to_num", nan_to_num),
     op("hypot", hypot),
     op("copysign", copysign),
     op("heaviside", heaviside),
@@ -106,13 +106,13 @@ pub static ENTRIES: &[Entry] = &[
     op("asin", |cx| float_unary(cx, "chlo.asin")),
     op("acos", |cx| float_unary(cx, "chlo.acos")),
     op("atan", atan),
-    op("sinh", |cx| float_unary(cx, "chlo.sinh")),
-    op("cosh", |cx| float_unary(cx, "chlo.cosh")),
+    op_complex("sinh", |cx| trig(cx, "chlo.sinh")),
+    op_complex("cosh", |cx| trig(cx, "chlo.cosh")),
     op("asinh", |cx| float_unary(cx, "chlo.asinh")),
     op("acosh", |cx| float_unary(cx, "chlo.acosh")),
     op("atanh", |cx| float_unary(cx, "chlo.atanh")),
-    op("reciprocal", reciprocal),
-    op("where", where_),
+    op_complex("reciprocal", reciprocal),
+    op_complex("where", where_),
     op("clamp", clamp),
     op("clamp_min", clamp),
     op("clamp_max", clamp),
@@ -120,7 +120,7 @@ pub static ENTRIES: &[Entry] = &[
     op("lerp", lerp),
     op("addcmul", |cx| addc(cx, "stablehlo.multiply")),
     op("addcdiv", |cx| addc(cx, "stablehlo.divide")),
-    op("isnan", isnan),
+    op_complex("isnan", isnan),
     op("isposinf", |cx| is_infinity(cx, f64::INFINITY)),
     op("isneginf", |cx| is_infinity(cx, f64::NEG_INFINITY)),
 ];
@@ -439,9 +439,16 @@ fn remainder(cx: &mut Cx) -> Result<Vec<V>> {
 }
 
 fn pow(cx: &mut Cx) -> Result<Vec<V>> {
+    // A complex power of a tensor of exponents overflows where CPU's does
+    // not (and the other way round): CPU computes it.
+    let tensor_exponent = cx.meta("exponent").is_ok_and(|e| !e.wrapped);
+    let complex = ["self", "exponent"].iter().any(|n| cx.meta(n).is_ok_and(|t| t.dtype.is_complex()));
+    if tensor_exponent && complex {
+        return Err(Error::fallback("torchtpu: a complex power of a tensor exponent runs on the CPU"));
+    }
     let (v, dtype) = promoted(cx, &["self", "exponent"])?;
     no_bool(dtype, "pow")?;
-    let r = if dtype.is_float() { cx.g.binary("stablehlo.power", v[0], v[1]) } else { int_pow(cx, v[0], v[1]) };
+    let r = if dtype.has_float_values() { cx.g.binary("stablehlo.power", v[0], v[1]) } else { int_pow(cx, v[0], v[1]) };
     finish(cx, r, dtype)
 }
 
@@ -591,7 +598,7 @@ fn same_unary(cx: &mut Cx, name: &'static str, bool_error: Error) -> Result<Vec<
 /// compute in the default float, as CPU's float functions do.
 pub(super) fn float_operand(cx: &mut Cx) -> Result<(V, DType)> {
     let t = cx.meta("self")?;
-    let dtype = if t.dtype.is_float() { t.dtype } else { DEFAULT_FLOAT };
+    let dtype = if t.dtype.has_float_values() { t.dtype } else { DEFAULT_FLOAT };
     let x = cx.tensor("self")?;
     Ok((cx.g.convert(x, opmath(dtype)), dtype))
 }
@@ -602,11 +609,51 @@ pub fn float_unary(cx: &mut Cx, name: &'static str) -> Result<Vec<V>> {
     finish(cx, r, dtype)
 }
 
+/// sin, cos, sinh or cosh (`name`, the real op). XLA's complex forms lose
+/// small parts (their sinh is (e^y - e^-y) / 2), so a complex value's are
+/// composed from its parts' real functions, as glibc's csin and ccosh.
+fn trig(cx: &mut Cx, name: &'static str) -> Result<Vec<V>> {
+    let (x, dtype) = float_operand(cx)?;
+    if !dtype.is_complex() {
+        let r = cx.g.unary(name, x);
+        return finish(cx, r, dtype);
+    }
+    let (a, b) = (cx.g.part(x, false), cx.g.part(x, true));
+    // sin and cos take the circular functions of the real part and the
+    // hyperbolic ones of the imaginary part; sinh and cosh the other way.
+    let (circular, hyperbolic) = if name.starts_with("stablehlo") { (a, b) } else { (b, a) };
+    let s = cx.g.unary("stablehlo.sine", circular);
+    let c = cx.g.unary("stablehlo.cosine", circular);
+    let sh = cx.g.unary("chlo.sinh", hyperbolic);
+    let ch = cx.g.unary("chlo.cosh", hyperbolic);
+    let mul = |cx: &mut Cx, p: V, q: V| cx.g.binary("stablehlo.multiply", p, q);
+    let (re, im) = match name {
+        "stablehlo.sine" => (mul(cx, s, ch), mul(cx, c, sh)),
+        "stablehlo.cosine" => {
+            let im = mul(cx, s, sh);
+            (mul(cx, c, ch), cx.g.unary("stablehlo.negate", im))
+        }
+        "chlo.sinh" => (mul(cx, sh, c), mul(cx, ch, s)),
+        _ => (mul(cx, ch, c), mul(cx, sh, s)),
+    };
+    let r = cx.g.complex(re, im);
+    finish(cx, r, dtype)
+}
+
 fn log_base(cx: &mut Cx, ln_base: f64) -> Result<Vec<V>> {
     let (x, dtype) = float_operand(cx)?;
     let l = cx.g.unary("stablehlo.log", x);
-    let c = full_like(cx, ln_base, l);
-    let r = cx.g.binary("stablehlo.divide", l, c);
+    // A complex logarithm's parts divide by the real constant: dividing by
+    // a complex one makes log(0)'s imaginary part inf·0.
+    let r = if dtype.is_complex() {
+        let (re, im) = (cx.g.part(l, false), cx.g.part(l, true));
+        let c = full_like(cx, ln_base, re);
+        let (re, im) = (cx.g.binary("stablehlo.divide", re, c), cx.g.binary("stablehlo.divide", im, c));
+        cx.g.complex(re, im)
+    } else {
+        let c = full_like(cx, ln_base, l);
+        cx.g.binary("stablehlo.divide", l, c)
+    };
     finish(cx, r, dtype)
 }
 
@@ -854,6 +901,8 @@ fn tanh_backward(cx: &mut Cx) -> Result<Vec<V>> {
     let one = full_like(cx, 1.0, y);
     let y2 = cx.g.binary("stablehlo.multiply", y, y);
     let d = cx.g.binary("stablehlo.subtract", one, y2);
+    // Complex gradients take the conjugate derivative, as CPU's kernel.
+    let d = cx.g.conj(d);
     let r = cx.g.binary("stablehlo.multiply", grad, d);
     finish(cx, r, dtype)
 }
@@ -864,8 +913,15 @@ fn sigmoid_backward(cx: &mut Cx) -> Result<Vec<V>> {
     let (grad, y) = (v[0], v[1]);
     let one = full_like(cx, 1.0, y);
     let d = cx.g.binary("stablehlo.subtract", one, y);
-    let r = cx.g.binary("stablehlo.multiply", grad, d);
-    let r = cx.g.binary("stablehlo.multiply", r, y);
+    let r = if dtype.is_complex() {
+        // CPU's complex kernel: grad * conj((1 - y) * y).
+        let d = cx.g.binary("stablehlo.multiply", d, y);
+        let d = cx.g.conj(d);
+        cx.g.binary("stablehlo.multiply", grad, d)
+    } else {
+        let r = cx.g.binary("stablehlo.multiply", grad, d);
+        cx.g.binary("stablehlo.multiply", r, y)
+    };
     finish(cx, r, dtype)
 }
 
@@ -1349,24 +1405,35 @@ fn finite_max(dtype: DType) -> f64 {
 fn nan_to_num(cx: &mut Cx) -> Result<Vec<V>> {
     let t = cx.meta("self")?;
     let x = cx.tensor("self")?;
+    if t.dtype.is_complex() {
+        // Each part replaced as a real value would be.
+        let (re, im) = (cx.g.part(x, false), cx.g.part(x, true));
+        let re = nan_to_num_of(cx, re, t.dtype.to_real(), t.sizes)?;
+        let im = nan_to_num_of(cx, im, t.dtype.to_real(), t.sizes)?;
+        return Ok(vec![cx.g.complex(re, im)]);
+    }
     if !t.dtype.is_float() {
         return Ok(vec![x]);
     }
-    let dtype = t.dtype;
+    Ok(vec![nan_to_num_of(cx, x, t.dtype, t.sizes)?])
+}
+
+/// `x` (of float `dtype`) with NaN and infinities replaced.
+fn nan_to_num_of(cx: &mut Cx, x: V, dtype: DType, sizes: &[i64]) -> Result<V> {
     let replace = |cx: &mut Cx, name: &str, default: f64| -> Result<V> {
-        Ok(cx.scalar_like(name, dtype, t.sizes)?.unwrap_or_else(|| cx.g.full(default, dtype, t.sizes)))
+        Ok(cx.scalar_like(name, dtype, sizes)?.unwrap_or_else(|| cx.g.full(default, dtype, sizes)))
     };
     let nan = replace(cx, "nan", 0.0)?;
     let posinf = replace(cx, "posinf", finite_max(dtype))?;
     let neginf = replace(cx, "neginf", -finite_max(dtype))?;
-    let inf = cx.g.full(f64::INFINITY, dtype, t.sizes);
-    let minus_inf = cx.g.full(f64::NEG_INFINITY, dtype, t.sizes);
+    let inf = cx.g.full(f64::INFINITY, dtype, sizes);
+    let minus_inf = cx.g.full(f64::NEG_INFINITY, dtype, sizes);
     let is_nan = cx.g.compare("NE", x, x);
     let is_posinf = cx.g.compare("EQ", x, inf);
     let is_neginf = cx.g.compare("EQ", x, minus_inf);
     let r = cx.g.select(is_nan, nan, x);
     let r = cx.g.select(is_posinf, posinf, r);
-    Ok(vec![cx.g.select(is_neginf, neginf, r)])
+    Ok(cx.g.select(is_neginf, neginf, r))
 }
 
 /// sqrt(a² + b²), of floats only.

@@ -5,7 +5,7 @@
 use super::elementwise::{cpp_name, not_implemented};
 use super::reduce::scan;
 use super::sort::sorted;
-use super::{op, op_measured, rules, wrap_dim, Cx, Entry};
+use super::{op, op_complex, op_measured, rules, wrap_dim, Cx, Entry};
 use crate::error::{Error, Kind, Result};
 use crate::ir::dtype::{opmath, DType};
 use crate::ir::view::contiguous_strides;
@@ -13,20 +13,20 @@ use crate::ir::{ReduceKind, V};
 use crate::lower::args::Tensor;
 
 pub static ENTRIES: &[Entry] = &[
-    op("index_select", index_select),
-    op("take", take),
-    op("put", put),
-    op("index_add", index_add),
-    op("index_copy", index_copy),
-    op("gather", gather),
+    op_complex("index_select", index_select),
+    op_complex("take", take),
+    op_complex("put", put),
+    op_complex("index_add", index_add),
+    op_complex("index_copy", index_copy),
+    op_complex("gather", gather),
     op("scatter", |cx| scatter(cx, "scatter")).ruled(rules::value_fits),
-    op("scatter_add", |cx| scatter(cx, "scatter_add")),
+    op_complex("scatter_add", |cx| scatter(cx, "scatter_add")),
     op("scatter_reduce", scatter_reduce),
     op("index_reduce", index_reduce),
-    op("index_fill", index_fill).ruled(rules::value_fits),
-    op_measured("index", index, index_measure),
-    op_measured("index_put", index_put, index_measure),
-    op_measured("_index_put_impl", index_put, index_measure),
+    op_complex("index_fill", index_fill).ruled(rules::value_fits),
+    op_measured("index", index, index_measure).takes_complex(),
+    op_measured("index_put", index_put, index_measure).takes_complex(),
+    op_measured("_index_put_impl", index_put, index_measure).takes_complex(),
     op_measured("nonzero", nonzero, nonzero_measure),
     op("nonzero_static", nonzero_static),
     op_measured("_unique2", |cx| unique(cx, true), |cx| unique_measure(cx, false, true)),
@@ -36,9 +36,9 @@ pub static ENTRIES: &[Entry] = &[
         let by_dim = !cx.is_none("dim");
         unique_measure(cx, by_dim, false)
     }),
-    op_measured("masked_select", masked_select, masked_measure),
+    op_measured("masked_select", masked_select, masked_measure).takes_complex(),
     op_measured("repeat_interleave", repeat_interleave, repeat_measure),
-    op("masked_scatter", masked_scatter),
+    op_complex("masked_scatter", masked_scatter),
 ];
 
 /// Indices as i64, negatives wrapped when `wrap`, plus a check of their

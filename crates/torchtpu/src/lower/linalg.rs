@@ -4,7 +4,7 @@
 use super::elementwise::{cpp_name, full_like, no_bool, not_implemented, round_to};
 use super::factor::check_info;
 use super::shape::{expand_check, keep_triangle};
-use super::{op, Cx, Entry};
+use super::{op, op_complex, Cx, Entry};
 use crate::ensure;
 use crate::error::{Error, Kind, Result};
 use crate::ir::dtype::{opmath, DType};
@@ -12,18 +12,18 @@ use crate::ir::{Graph, ReduceKind, V};
 use crate::lower::args::Tensor;
 
 pub static ENTRIES: &[Entry] = &[
-    op("mm", mm),
-    op("bmm", bmm),
-    op("addmm", addmm),
+    op_complex("mm", mm),
+    op_complex("bmm", bmm),
+    op_complex("addmm", addmm),
     op("_addmm_activation", addmm_activation),
-    op("baddbmm", baddbmm),
-    op("addbmm", addbmm),
-    op("linalg_cross", cross),
-    op("addmv", addmv),
-    op("dot", |cx| dot(cx, "tensor")),
+    op_complex("baddbmm", baddbmm),
+    op_complex("addbmm", addbmm),
+    op_complex("linalg_cross", cross),
+    op_complex("addmv", addmv),
+    op_complex("dot", |cx| dot(cx, "tensor")),
     // Real vectors' vdot is their dot, with dot's checks and messages on CPU
-    // too; complex ones (conjugated) take the counted fallback.
-    op("vdot", |cx| dot(cx, "other")),
+    // too; complex ones conjugate the first.
+    op_complex("vdot", |cx| dot(cx, "other")),
     op("_grouped_mm", grouped_mm),
     op("linalg_cholesky_ex", cholesky),
     op("linalg_solve_triangular", solve_triangular),
@@ -71,7 +71,8 @@ fn check_batches(b1: &Tensor, b2: &Tensor) -> Result<()> {
 
 /// `a @ b` in opmath; a vector `a` acts as a [1, n] matrix and a vector `b`
 /// as [n, 1], and their dimension is dropped from the result. Bool raises
-/// the CPU `kernel`'s error, which empty products never reach.
+/// the CPU `kernel`'s error, which empty products never reach. `vdot`
+/// conjugates `a`.
 fn product(cx: &mut Cx, a: &str, b: &str, kernel: &str) -> Result<V> {
     let (ta, tb) = (cx.meta(a)?, cx.meta(b)?);
     let mut shape = ta.sizes[..ta.sizes.len() - 1].to_vec();
@@ -89,6 +90,9 @@ fn product(cx: &mut Cx, a: &str, b: &str, kernel: &str) -> Result<V> {
     let x = cx.tensor(a)?;
     let y = cx.tensor(b)?;
     let (mut x, mut y) = (cx.g.convert(x, ct), cx.g.convert(y, ct));
+    if kernel == "vdot" {
+        x = cx.g.conj(x);
+    }
     if ta.sizes.len() == 1 {
         x = cx.g.reshape(x, &[1, ta.sizes[0]]);
     }
@@ -384,7 +388,8 @@ fn dot(cx: &mut Cx, second: &str) -> Result<Vec<V>> {
         "inconsistent tensor size, expected tensor [{na}] and src [{nb}] to have the same number of elements, but got {na} and {nb} elements respectively"
     );
     no_bool(a.dtype, "dot")?;
-    let p = product(cx, "self", second, "dot")?;
+    let kernel = if second == "other" { "vdot" } else { "dot" };
+    let p = product(cx, "self", second, kernel)?;
     finish(cx, p, a.dtype)
 }
 

@@ -101,6 +101,10 @@ impl Entry {
     pub const fn laid_out(self, layout: Layout) -> Entry {
         Entry { layout, ..self }
     }
+    /// The entry, whose lowering handles complex tensors too.
+    pub const fn takes_complex(self) -> Entry {
+        Entry { complex: true, ..self }
+    }
     /// The entry with CPU's rules on its runtime numbers' values.
     pub const fn ruled(self, rules: rules::Rules) -> Entry {
         Entry { rules: Some(rules), ..self }
@@ -121,7 +125,7 @@ pub const fn op_measured(name: &'static str, lower: Lowering, measure: Lowering)
 
 /// An entry whose lowering handles complex tensors too.
 pub const fn op_complex(name: &'static str, lower: Lowering) -> Entry {
-    Entry { complex: true, ..op(name, lower) }
+    op(name, lower).takes_complex()
 }
 
 /// A lowering's result that is an undefined tensor.

@@ -2,19 +2,19 @@
 //! in float32.
 use super::elementwise::{arith, cpp_name, no_bool, not_implemented};
 use super::rules::{number, streamed};
-use super::{op, op_consts, op_measured, wrap_dim, Cx, Entry};
+use super::{op, op_complex, op_consts, op_measured, wrap_dim, Cx, Entry};
 use crate::error::{Error, Kind, Result};
 use crate::ir::dtype::{opmath, DType};
 use crate::ir::{ReduceKind, V};
 use crate::lower::args::Tensor;
 
 pub static ENTRIES: &[Entry] = &[
-    op_consts("linalg_vector_norm", vector_norm, &["ord"]),
-    op_consts("norm", norm, &["p"]),
+    op_consts("linalg_vector_norm", vector_norm, &["ord"]).takes_complex(),
+    op_consts("norm", norm, &["p"]).takes_complex(),
     op_consts("renorm", renorm, &["p"]).ruled(renorm_rules),
-    op("sum", |cx| accumulate(cx, ReduceKind::Sum)),
-    op("prod", |cx| accumulate(cx, ReduceKind::Prod)),
-    op("mean", mean),
+    op_complex("sum", |cx| accumulate(cx, ReduceKind::Sum)),
+    op_complex("prod", |cx| accumulate(cx, ReduceKind::Prod)),
+    op_complex("mean", mean),
     op("amax", |cx| extreme(cx, ReduceKind::Max)),
     op("amin", |cx| extreme(cx, ReduceKind::Min)),
     op("max", |cx| max_min(cx, true)),
@@ -23,16 +23,16 @@ pub static ENTRIES: &[Entry] = &[
     op("argmin", |cx| arg(cx, false)),
     op("all", |cx| logical(cx, ReduceKind::And)),
     op("any", |cx| logical(cx, ReduceKind::Or)),
-    op("var", |cx| moments(cx, false, false)),
-    op("std", |cx| moments(cx, true, false)),
-    op("var_mean", |cx| moments(cx, false, true)),
-    op("std_mean", |cx| moments(cx, true, true)),
+    op_complex("var", |cx| moments(cx, false, false)),
+    op_complex("std", |cx| moments(cx, true, false)),
+    op_complex("var_mean", |cx| moments(cx, false, true)),
+    op_complex("std_mean", |cx| moments(cx, true, true)),
     op("nansum", nansum),
     op("count_nonzero", count_nonzero),
     op("aminmax", aminmax),
-    op("trace", trace),
-    op("cumsum", |cx| cumulative(cx, ReduceKind::Sum)),
-    op("cumprod", |cx| cumulative(cx, ReduceKind::Prod)),
+    op_complex("trace", trace),
+    op_complex("cumsum", |cx| cumulative(cx, ReduceKind::Sum)),
+    op_complex("cumprod", |cx| cumulative(cx, ReduceKind::Prod)),
     op("_cummax_helper", |cx| cumulative_extreme(cx, true)),
     op("_cummin_helper", |cx| cumulative_extreme(cx, false)),
     op("_logcumsumexp", logcumsumexp),
@@ -87,7 +87,7 @@ fn keepdim(cx: &Cx) -> Result<bool> {
 /// integral inputs.
 fn accumulate_dtype(cx: &Cx) -> Result<DType> {
     let t = cx.meta("self")?;
-    Ok(cx.dtype("dtype")?.unwrap_or(if t.dtype.is_float() { t.dtype } else { DType::I64 }))
+    Ok(cx.dtype("dtype")?.unwrap_or(if t.dtype.has_float_values() { t.dtype } else { DType::I64 }))
 }
 
 fn accumulate(cx: &mut Cx, kind: ReduceKind) -> Result<Vec<V>> {
@@ -104,7 +104,7 @@ fn mean(cx: &mut Cx) -> Result<Vec<V>> {
     let t = cx.meta("self")?;
     let given = cx.dtype("dtype")?;
     let dtype = given.unwrap_or(t.dtype);
-    if !dtype.is_float() {
+    if !dtype.has_float_values() {
         let which = if given.is_some() { "Optional" } else { "Input" };
         return Err(Error::not_implemented(format!(
             "mean(): could not infer output dtype. {which} dtype must be either a floating point or complex dtype. Got: {}",
@@ -295,7 +295,7 @@ fn logical(cx: &mut Cx, kind: ReduceKind) -> Result<Vec<V>> {
 /// var or std (`sqrt`), and with `with_mean` the mean beside it (var_mean, std_mean).
 fn moments(cx: &mut Cx, sqrt: bool, with_mean: bool) -> Result<Vec<V>> {
     let t = cx.meta("self")?;
-    if !t.dtype.is_float() {
+    if !t.dtype.has_float_values() {
         let what = match (sqrt, with_mean) {
             (_, false) => "std and var",
             (false, true) => "var_mean",
@@ -314,9 +314,16 @@ fn moments(cx: &mut Cx, sqrt: bool, with_mean: bool) -> Result<Vec<V>> {
     let mean = cx.g.binary("stablehlo.divide", sum, n);
     let spread = cx.g.broadcast_in_dim(mean, t.sizes, &(0..t.sizes.len() as i64).collect::<Vec<_>>());
     let d = cx.g.binary("stablehlo.subtract", x, spread);
-    let sq = cx.g.binary("stablehlo.multiply", d, d);
+    // A complex spread's square is |d|²: the real and imaginary parts' sum.
+    let sq = if ct.is_complex() {
+        let (re, im) = (cx.g.part(d, false), cx.g.part(d, true));
+        let (re2, im2) = (cx.g.binary("stablehlo.multiply", re, re), cx.g.binary("stablehlo.multiply", im, im));
+        cx.g.binary("stablehlo.add", re2, im2)
+    } else {
+        cx.g.binary("stablehlo.multiply", d, d)
+    };
     let ss = reduce_keep(cx, ReduceKind::Sum, sq, &dims, keep);
-    let shape = cx.g.ty(ss).shape.clone();
+    let (shape, ct) = (cx.g.ty(ss).shape.clone(), ct.to_real());
     let correction = match cx.has("correction").then(|| cx.scalar("correction", ct)).transpose()?.flatten() {
         Some(c) => cx.g.broadcast_in_dim(c, &shape, &[]),
         None => {
@@ -332,7 +339,7 @@ fn moments(cx: &mut Cx, sqrt: bool, with_mean: bool) -> Result<Vec<V>> {
     if sqrt {
         r = cx.g.unary("stablehlo.sqrt", r);
     }
-    let mut results = vec![cx.g.convert(r, t.dtype)];
+    let mut results = vec![cx.g.convert(r, t.dtype.to_real())];
     if with_mean {
         let mean = cx.g.reshape(mean, &shape);
         results.push(cx.g.convert(mean, t.dtype));
@@ -527,7 +534,7 @@ fn logcumsumexp(cx: &mut Cx) -> Result<Vec<V>> {
 /// `linalg.vector_norm`: `ord` picks the computation, so it is compile-time.
 fn vector_norm(cx: &mut Cx) -> Result<Vec<V>> {
     let t = cx.meta("self")?;
-    if !t.dtype.is_float() {
+    if !t.dtype.has_float_values() {
         return Err(Error::not_implemented(format!(
             "linalg.vector_norm: Expected a floating point or complex tensor as input. Got {}",
             t.dtype.torch_name()
@@ -541,7 +548,7 @@ fn vector_norm(cx: &mut Cx) -> Result<Vec<V>> {
 /// linalg.vector_norm.
 fn norm(cx: &mut Cx) -> Result<Vec<V>> {
     let t = cx.meta("self")?;
-    if !t.dtype.is_float() {
+    if !t.dtype.has_float_values() {
         return Err(Error::not_implemented(format!(
             "norm(): input dtype should be either floating point or complex. Got {} instead.",
             t.dtype.torch_name()
@@ -558,7 +565,9 @@ fn p_norm(cx: &mut Cx, ord: f64) -> Result<Vec<V>> {
     let ct = opmath(dtype);
     let x = cx.tensor("self")?;
     let x = cx.g.convert(x, ct);
-    let a = cx.g.unary("stablehlo.abs", x);
+    // Norms of complex values are real: those of the magnitudes.
+    let (a, dtype) =
+        if ct.is_complex() { (cx.g.magnitude(x), dtype.to_real()) } else { (cx.g.unary("stablehlo.abs", x), dtype) };
     let dims = reduced_dims(cx, t.sizes.len())?;
     if ord < 0.0 || ord == f64::INFINITY {
         match empty_reduction(cx, &t, &dims)? {
@@ -816,7 +825,7 @@ fn trace(cx: &mut Cx) -> Result<Vec<V>> {
     if t.sizes.len() != 2 {
         return Err(Error::runtime(format!("trace: expected a matrix, but got tensor with dim {}", t.sizes.len())));
     }
-    let dtype = if t.dtype.is_float() { t.dtype } else { DType::I64 };
+    let dtype = if t.dtype.has_float_values() { t.dtype } else { DType::I64 };
     let x = cx.tensor("self")?;
     let x = cx.g.convert(x, opmath(dtype));
     let diagonal = super::linalg::diagonal_mask(&mut cx.g, t.sizes);

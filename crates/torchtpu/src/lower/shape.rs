@@ -1,17 +1,17 @@
 //! Operators that rearrange data: concatenation and friends, rolls, triangles.
 use super::reduce::dim_list;
-use super::{op, wrap_dim, Cx, Entry, Layout};
+use super::{op, op_complex, wrap_dim, Cx, Entry, Layout};
 use crate::error::{Error, Result};
 use crate::ir::dtype::DType;
 use crate::ir::{Graph, ReduceKind, V};
 use crate::lower::args::Tensor;
 
 pub static ENTRIES: &[Entry] = &[
-    op("cat", cat).laid_out(Layout::Agreed),
-    op("flip", flip),
-    op("roll", roll),
-    op("tril", |cx| triangle(cx, true)),
-    op("triu", |cx| triangle(cx, false)),
+    op_complex("cat", cat).laid_out(Layout::Agreed),
+    op_complex("flip", flip),
+    op_complex("roll", roll),
+    op_complex("tril", |cx| triangle(cx, true)),
+    op_complex("triu", |cx| triangle(cx, false)),
     op("unfold_backward", unfold_backward),
     op("channel_shuffle", channel_shuffle),
 ];
