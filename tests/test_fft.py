@@ -170,7 +170,8 @@ COMPLEX_OPS = [
     "cumsum", "cumprod", "trace", "norm", "linalg.vector_norm", "mm", "bmm", "addmv", "matmul", "dot",
     "vdot", "einsum", "linalg.cross", "cat", "flip", "roll", "tril", "triu", "index_select", "take",
     "put", "gather", "index_add", "index_copy", "scatter_add", "masked_scatter", "masked_select",
-    "__getitem__", "index_put", "where", "eq", "ne", "isnan", "nan_to_num",
+    "__getitem__", "index_put", "nonzero", "where", "eq", "ne", "equal", "isnan", "nan_to_num", "rsub",
+    "addcmul", "addcdiv", "logical_and", "logical_not", "all", "any", "count_nonzero",
 ]
 
 

@@ -333,6 +333,7 @@ fn build(
     sizes: Vec<i64>,
     precision: Precision,
 ) -> Result<Plan> {
+    op.check_complex(args)?;
     let measured = !sizes.is_empty();
     let mut cx = Cx::new(op, args, device, sizes, precision);
     let results = lower(&mut cx)?;

@@ -13,7 +13,7 @@ use crate::lower::args::Arg;
 pub static ENTRIES: &[Entry] = &[
     op_complex("add", |cx| add_sub(cx, "stablehlo.add")),
     op_complex("sub", |cx| add_sub(cx, "stablehlo.subtract")),
-    op("rsub", rsub),
+    op_complex("rsub", rsub),
     op_complex("mul", |cx| arith(cx, "stablehlo.multiply")),
     op_complex("div", div),
     op("floor_divide", |cx| divide(cx, Some("floor"))),
@@ -29,10 +29,10 @@ pub static ENTRIES: &[Entry] = &[
     op("le", |cx| compare(cx, "LE")),
     op("gt", |cx| compare(cx, "GT")),
     op("ge", |cx| compare(cx, "GE")),
-    op("logical_and", |cx| logical(cx, "stablehlo.and")),
-    op("logical_or", |cx| logical(cx, "stablehlo.or")),
-    op("logical_xor", |cx| logical(cx, "stablehlo.xor")),
-    op("logical_not", logical_not),
+    op_complex("logical_and", |cx| logical(cx, "stablehlo.and")),
+    op_complex("logical_or", |cx| logical(cx, "stablehlo.or")),
+    op_complex("logical_xor", |cx| logical(cx, "stablehlo.xor")),
+    op_complex("logical_not", logical_not),
     op("bitwise_and", |cx| bitwise(cx, "stablehlo.and")),
     op("bitwise_or", |cx| bitwise(cx, "stablehlo.or")),
     op("bitwise_xor", |cx| bitwise(cx, "stablehlo.xor")),
@@ -84,7 +84,7 @@ pub static ENTRIES: &[Entry] = &[
     op("logaddexp", |cx| logaddexp(cx, false)),
     op("logaddexp2", |cx| logaddexp(cx, true)),
     op("signbit", signbit),
-    op("equal", equal),
+    op_complex("equal", equal),
     op_complex("angle", angle),
     op("complex", complex),
     op("polar", polar),
@@ -118,8 +118,8 @@ pub static ENTRIES: &[Entry] = &[
     op("clamp_max", clamp),
     op_complex("masked_fill", masked_fill).ruled(rules::value_fits),
     op("lerp", lerp),
-    op("addcmul", |cx| addc(cx, "stablehlo.multiply")),
-    op("addcdiv", |cx| addc(cx, "stablehlo.divide")),
+    op_complex("addcmul", |cx| addc(cx, "stablehlo.multiply")),
+    op_complex("addcdiv", |cx| addc(cx, "stablehlo.divide")),
     op_complex("isnan", isnan),
     op("isposinf", |cx| is_infinity(cx, f64::INFINITY)),
     op("isneginf", |cx| is_infinity(cx, f64::NEG_INFINITY)),
@@ -876,7 +876,7 @@ fn lerp(cx: &mut Cx) -> Result<Vec<V>> {
 
 /// `self + value * (tensor1 op tensor2)`.
 fn addc(cx: &mut Cx, name: &'static str) -> Result<Vec<V>> {
-    let integral = |name| cx.meta(name).map(|t| !t.dtype.is_float());
+    let integral = |name| cx.meta(name).map(|t| !t.dtype.has_float_values());
     if name == "stablehlo.divide" && integral("tensor1")? && integral("tensor2")? {
         return Err(Error::runtime(
             "Integer division with addcdiv is no longer supported, and in a future  release addcdiv will perform a true division of tensor1 and tensor2. The historic addcdiv behavior can be implemented as (input + value * torch.trunc(tensor1 / tensor2)).to(input.dtype) for integer inputs and as (input + value * tensor1 / tensor2) for float inputs. The future addcdiv behavior is just the latter implementation: (input + value * tensor1 / tensor2), for all dtypes.",

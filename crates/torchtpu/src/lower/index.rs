@@ -27,7 +27,7 @@ pub static ENTRIES: &[Entry] = &[
     op_measured("index", index, index_measure).takes_complex(),
     op_measured("index_put", index_put, index_measure).takes_complex(),
     op_measured("_index_put_impl", index_put, index_measure).takes_complex(),
-    op_measured("nonzero", nonzero, nonzero_measure),
+    op_measured("nonzero", nonzero, nonzero_measure).takes_complex(),
     op("nonzero_static", nonzero_static),
     op_measured("_unique2", |cx| unique(cx, true), |cx| unique_measure(cx, false, true)),
     op_measured("_unique", |cx| unique(cx, false), |cx| unique_measure(cx, false, true)),

@@ -242,6 +242,24 @@ impl OpDef {
         families.iter().any(|f| f.iter().any(|e| std::ptr::eq(e, self.entry)))
     }
 
+    /// A call that reads a complex tensor its lowering does not handle runs
+    /// on the CPU (counted), before the lowering checks anything: its checks
+    /// and messages are written for real dtypes. (A complex out= is the
+    /// lowering's to convert into.)
+    pub fn check_complex(&self, args: &[Arg]) -> Result<()> {
+        let complex = |t: &Tensor| t.dtype.is_complex();
+        let mut read = args.iter().zip(&self.args).filter(|(_, d)| !d.is_out).map(|(a, _)| a);
+        let any = read.any(|a| match a {
+            Arg::Tensor(t) => complex(t),
+            Arg::Tensors(ts) => ts.iter().flatten().any(complex),
+            _ => false,
+        });
+        if any && !self.entry.complex {
+            return Err(Error::fallback(format!("torchtpu: {} has no complex lowering", self.name)));
+        }
+        Ok(())
+    }
+
     /// Whether argument `i` is a runtime operand (its value is not part of
     /// the compiled program).
     pub fn is_runtime(&self, i: usize) -> bool {

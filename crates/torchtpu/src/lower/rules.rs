@@ -14,7 +14,9 @@ pub type Rules = fn(&Cx) -> Result<()>;
 /// Runs `op`'s rules, if it has any, on this call's arguments.
 pub fn check(op: &OpDef, args: &[Arg], device: usize) -> Result<()> {
     match op.entry.rules {
-        Some(rules) => rules(&Cx::new(op, args, device, Vec::new(), Precision::Highest)),
+        Some(rules) => {
+            op.check_complex(args).and_then(|_| rules(&Cx::new(op, args, device, Vec::new(), Precision::Highest)))
+        }
         None => Ok(()),
     }
 }
