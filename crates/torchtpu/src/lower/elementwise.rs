@@ -57,7 +57,7 @@ pub static ENTRIES: &[Entry] = &[
     op_complex("log1p", |cx| float_unary(cx, "stablehlo.log_plus_one")),
     op_complex("log2", |cx| log_base(cx, std::f64::consts::LN_2)),
     op_complex("log10", |cx| log_base(cx, std::f64::consts::LN_10)),
-    op_complex("sqrt", |cx| float_unary(cx, "stablehlo.sqrt")),
+    op_complex("sqrt", |cx| branch_unary(cx, "stablehlo.sqrt", false)),
     op_complex("rsqrt", |cx| float_unary(cx, "stablehlo.rsqrt")),
     op_complex("tanh", |cx| float_unary(cx, "stablehlo.tanh")),
     op("sigmoid", |cx| float_unary(cx, "stablehlo.logistic")),
@@ -103,14 +103,14 @@ pub static ENTRIES: &[Entry] = &[
     op("fmin", |cx| nan_ignoring(cx, "stablehlo.minimum")),
     // CHLO's inverse trigonometric and hyperbolic ops: XLA expands them with
     // care for the ranges where the textbook formulas lose precision.
-    op("asin", |cx| float_unary(cx, "chlo.asin")),
-    op("acos", |cx| float_unary(cx, "chlo.acos")),
+    op_complex("asin", |cx| branch_unary(cx, "chlo.asin", false)),
+    op_complex("acos", |cx| branch_unary(cx, "chlo.acos", false)),
     op("atan", atan),
     op_complex("sinh", |cx| trig(cx, "chlo.sinh")),
     op_complex("cosh", |cx| trig(cx, "chlo.cosh")),
-    op("asinh", |cx| float_unary(cx, "chlo.asinh")),
-    op("acosh", |cx| float_unary(cx, "chlo.acosh")),
-    op("atanh", |cx| float_unary(cx, "chlo.atanh")),
+    op_complex("asinh", |cx| branch_unary(cx, "chlo.asinh", true)),
+    op_complex("acosh", |cx| branch_unary(cx, "chlo.acosh", false)),
+    op_complex("atanh", |cx| branch_unary(cx, "chlo.atanh", false)),
     op_complex("reciprocal", reciprocal),
     op_complex("where", where_),
     op("clamp", clamp),
@@ -627,17 +627,76 @@ fn trig(cx: &mut Cx, name: &'static str) -> Result<Vec<V>> {
     let sh = cx.g.unary("chlo.sinh", hyperbolic);
     let ch = cx.g.unary("chlo.cosh", hyperbolic);
     let mul = |cx: &mut Cx, p: V, q: V| cx.g.binary("stablehlo.multiply", p, q);
+    // An odd factor (sin, sinh) of an exact zero keeps the product zero
+    // where the other factor is infinite or NaN, as C99's csin and csinh:
+    // cosh(inf + 0i) is inf + 0i, not inf·0.
+    let zero_where = |cx: &mut Cx, product: V, odd: V, input: V, other: V| {
+        let (zero, one, inf) = (full_like(cx, 0.0, odd), full_like(cx, 1.0, odd), full_like(cx, f64::INFINITY, odd));
+        let at_zero = cx.g.compare("EQ", input, zero);
+        let magnitude = cx.g.unary("stablehlo.abs", other);
+        let finite = cx.g.compare("LT", magnitude, inf);
+        let sign = cx.g.select(finite, other, one);
+        let signed = cx.g.binary("stablehlo.multiply", odd, sign);
+        cx.g.select(at_zero, signed, product)
+    };
     let (re, im) = match name {
-        "stablehlo.sine" => (mul(cx, s, ch), mul(cx, c, sh)),
+        "stablehlo.sine" => {
+            let (re, im) = (mul(cx, s, ch), mul(cx, c, sh));
+            (zero_where(cx, re, s, circular, ch), zero_where(cx, im, sh, hyperbolic, c))
+        }
         "stablehlo.cosine" => {
             let im = mul(cx, s, sh);
+            let im = zero_where(cx, im, s, circular, sh);
+            let im = zero_where(cx, im, sh, hyperbolic, s);
             (mul(cx, c, ch), cx.g.unary("stablehlo.negate", im))
         }
-        "chlo.sinh" => (mul(cx, sh, c), mul(cx, ch, s)),
-        _ => (mul(cx, ch, c), mul(cx, sh, s)),
+        "chlo.sinh" => {
+            let (re, im) = (mul(cx, sh, c), mul(cx, ch, s));
+            (zero_where(cx, re, sh, hyperbolic, c), zero_where(cx, im, s, circular, ch))
+        }
+        _ => {
+            let im = mul(cx, sh, s);
+            let im = zero_where(cx, im, sh, hyperbolic, s);
+            (mul(cx, ch, c), zero_where(cx, im, s, circular, sh))
+        }
     };
     let r = cx.g.complex(re, im);
     finish(cx, r, dtype)
+}
+
+/// A function with a branch cut: on the real axis (sqrt, asin, acos, acosh,
+/// atanh), where f(conj z) = conj f(z), or on the imaginary axis (asinh, odd:
+/// f(-z) = -f(z)). XLA's complex forms ignore a zero part's sign, which
+/// picks the side of the cut on CPU (sqrt(-4 - 0i) is -2i): a value whose
+/// part across the cut has its sign bit set is computed by the symmetry.
+fn branch_unary(cx: &mut Cx, name: &'static str, imaginary_cut: bool) -> Result<Vec<V>> {
+    let (x, dtype) = float_operand(cx)?;
+    if !dtype.is_complex() {
+        let r = cx.g.unary(name, x);
+        return finish(cx, r, dtype);
+    }
+    let across = cx.g.part(x, !imaginary_cut);
+    let flipped = negative_bit(cx, across);
+    let mirror = |cx: &mut Cx, v: V| if imaginary_cut { cx.g.unary("stablehlo.negate", v) } else { cx.g.conj(v) };
+    let mirrored = mirror(cx, x);
+    let x = cx.g.select(flipped, mirrored, x);
+    let r = cx.g.unary(name, x);
+    let mirrored = mirror(cx, r);
+    let r = cx.g.select(flipped, mirrored, r);
+    finish(cx, r, dtype)
+}
+
+/// Whether a float's sign bit is set (-0.0 and negative NaNs included).
+fn negative_bit(cx: &mut Cx, x: V) -> V {
+    let ty = cx.g.ty(x).clone();
+    let bits = match ty.dtype {
+        DType::F16 | DType::BF16 => DType::I16,
+        DType::F32 => DType::I32,
+        _ => DType::I64,
+    };
+    let x = cx.g.bitcast(x, crate::ir::Ty::new(bits, &ty.shape));
+    let zero = cx.g.full(0.0, bits, &ty.shape);
+    cx.g.compare("LT", x, zero)
 }
 
 fn log_base(cx: &mut Cx, ln_base: f64) -> Result<Vec<V>> {
@@ -1211,15 +1270,13 @@ fn logaddexp(cx: &mut Cx, base2: bool) -> Result<Vec<V>> {
 fn signbit(cx: &mut Cx) -> Result<Vec<V>> {
     let t = cx.meta("self")?;
     let x = cx.tensor("self")?;
-    let bits = match t.dtype {
-        DType::F16 | DType::BF16 => DType::I16,
-        DType::F32 => DType::I32,
-        DType::F64 => DType::I64,
-        DType::Bool => return Ok(vec![cx.g.full(0.0, DType::Bool, t.sizes)]),
-        _ => t.dtype,
-    };
-    let x = if t.dtype.is_float() { cx.g.bitcast(x, crate::ir::Ty::new(bits, t.sizes)) } else { x };
-    let zero = cx.g.full(0.0, bits, t.sizes);
+    if t.dtype == DType::Bool {
+        return Ok(vec![cx.g.full(0.0, DType::Bool, t.sizes)]);
+    }
+    if t.dtype.is_float() {
+        return Ok(vec![negative_bit(cx, x)]);
+    }
+    let zero = cx.g.full(0.0, t.dtype, t.sizes);
     Ok(vec![cx.g.compare("LT", x, zero)])
 }
 
@@ -1449,11 +1506,7 @@ fn hypot(cx: &mut Cx) -> Result<Vec<V>> {
 /// |self| with the sign bit of `other` (-0.0 and NaNs' included).
 fn copysign(cx: &mut Cx) -> Result<Vec<V>> {
     let (a, b, dtype) = float_pair(cx, None)?;
-    let ty = cx.g.ty(b).clone();
-    let bits = if ty.dtype == DType::F64 { DType::I64 } else { DType::I32 };
-    let b_bits = cx.g.bitcast(b, crate::ir::Ty::new(bits, &ty.shape));
-    let zero = cx.g.full(0.0, bits, &ty.shape);
-    let negative = cx.g.compare("LT", b_bits, zero);
+    let negative = negative_bit(cx, b);
     let magnitude = cx.g.unary("stablehlo.abs", a);
     let negated = cx.g.unary("stablehlo.negate", magnitude);
     let r = cx.g.select(negative, negated, magnitude);
