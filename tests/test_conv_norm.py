@@ -117,6 +117,32 @@ def test_depthwise_convolution_over_changing_batches_buckets():
     assert metrics["compilations"] <= 4 and not metrics["bucket_refusals"], metrics
 
 
+# (input shape, output channels, dtype) of pointwise convolutions (1x1
+# kernels, unit strides, no padding), lowered as matrix products per image.
+POINTWISE_CASES = [
+    ((2, 5, 7), 3, torch.float32),
+    ((3, 16, 6, 5), 24, torch.float32),  # a bottleneck's expansion
+    ((2, 4, 3, 4, 2), 6, torch.float32),
+    ((2, 8, 5, 5), 4, torch.float64),
+    ((2, 8, 4, 4), 8, torch.bfloat16),
+]
+
+
+@pytest.mark.one_mode
+@pytest.mark.parametrize("case", POINTWISE_CASES, ids=str)
+def test_pointwise_convolution(case, mode):
+    shape, cout, dtype = case
+    x = torch.randn(shape, dtype=dtype)
+    w = torch.randn((cout, shape[1]) + (1,) * (len(shape) - 2), dtype=dtype)
+    fn = getattr(F, f"conv{len(shape) - 2}d")
+    tol = dict(atol=0.05, rtol=0.02) if dtype == torch.bfloat16 else CONV_TOL
+    run_both(lambda x, w, b: fn(x, w, b), x, w, torch.randn(cout, dtype=dtype), **tol)
+    run_both(lambda x: fn(x, w.to(x.device)), x, **tol)  # the input's gradient alone
+    if len(shape) == 4:
+        last = x.contiguous(memory_format=torch.channels_last)
+        run_both(lambda x, w: fn(x, w), last, w, **tol)
+
+
 def test_convolution_input_without_grad(mode):
     """Only the weight's gradient is asked for (output_mask): the first layer."""
     x, w = torch.randn(2, 3, 8, 8), torch.randn(5, 3, 3, 3)
