@@ -446,13 +446,15 @@ fn tap_backward(
 
 /// Whether a convolution multiplies each position's channels alone: a 1x1
 /// kernel, unit strides, no padding, one group (ResNet's bottlenecks,
-/// MobileNet's pointwise layers, a Fourier operator's channel mixing). It
-/// lowers as a matrix product per image over the flattened map, [out, in]
-/// by [in, positions], which XLA:CPU runs 2-2.5x faster than its
-/// convolution and without the transposes of dense taps (bench/RESULTS.md).
+/// MobileNet's pointwise layers, a Fourier operator's channel mixing). Over
+/// maps of at least `POINTWISE_POSITIONS` it lowers as a matrix product per
+/// image, [out, in] by [in, positions], which XLA:CPU runs 1.2-3x faster
+/// than its convolution or dense taps (whose transposes cost more than
+/// their one product saves there; smaller maps keep them: bench/RESULTS.md).
 fn pointwise(p: &Params, input: &[i64], weight: &[i64]) -> bool {
     let ones = |v: &[i64]| v.iter().all(|&x| x == 1);
-    !p.transposed
+    input[2..].iter().product::<i64>() >= POINTWISE_POSITIONS
+        && !p.transposed
         && p.groups == 1
         && ones(&weight[2..])
         && ones(&p.stride)
@@ -475,6 +477,10 @@ fn form(p: &Params, input: &[i64], weight: &[i64]) -> Form {
     }
     taps(p, input, weight).map_or(Form::Convolution, |(kind, win)| Form::Taps(kind, win))
 }
+
+/// The smallest map (positions per image) a pointwise convolution lowers
+/// as per-image products over.
+const POINTWISE_POSITIONS: i64 = 128;
 
 /// [N, C, spatial...] as [N, C, positions].
 fn flat_map(cx: &mut Cx, v: V) -> V {
@@ -502,8 +508,8 @@ fn pointwise_forward(cx: &mut Cx, x: V, w: V) -> V {
 }
 
 /// A pointwise convolution's (input gradient, weight gradient): the
-/// transposed weight by each image's gradient, and the gradient by the
-/// input contracted over images and positions at once.
+/// transposed weight by each image's gradient, and each image's gradient
+/// by its input, summed over images.
 fn pointwise_backward(cx: &mut Cx, g: V, x: Option<V>, w: Option<V>, input: &[i64]) -> (Option<V>, Option<V>) {
     let gf = flat_map(cx, g);
     let gi = w.map(|w| {
@@ -513,7 +519,10 @@ fn pointwise_backward(cx: &mut Cx, g: V, x: Option<V>, w: Option<V>, input: &[i6
     });
     let gw = x.map(|x| {
         let xf = flat_map(cx, x);
-        let gw = cx.g.dot_general(gf, xf, (&[], &[]), (&[0, 2], &[0, 2]), cx.precision);
+        // Per image, then summed: XLA:CPU transposes both operands of one
+        // product contracting images and positions together (3x slower).
+        let per_image = cx.g.dot_general(gf, xf, (&[0], &[0]), (&[2], &[2]), cx.precision);
+        let gw = cx.g.reduce(ReduceKind::Sum, per_image, &[0]);
         let shape = cx.g.ty(gw).shape.clone();
         let kernel: Vec<i64> = shape.iter().copied().chain(input[2..].iter().map(|_| 1)).collect();
         cx.g.reshape(gw, &kernel)
