@@ -323,17 +323,18 @@ fn moments(cx: &mut Cx, sqrt: bool, with_mean: bool) -> Result<Vec<V>> {
         cx.g.binary("stablehlo.multiply", d, d)
     };
     let ss = reduce_keep(cx, ReduceKind::Sum, sq, &dims, keep);
-    let (shape, ct) = (cx.g.ty(ss).shape.clone(), ct.to_real());
-    let correction = match cx.has("correction").then(|| cx.scalar("correction", ct)).transpose()?.flatten() {
+    // The spread (var, std) is real: complex values spread in their magnitudes.
+    let (shape, real) = (cx.g.ty(ss).shape.clone(), ct.to_real());
+    let correction = match cx.has("correction").then(|| cx.scalar("correction", real)).transpose()?.flatten() {
         Some(c) => cx.g.broadcast_in_dim(c, &shape, &[]),
         None => {
             let unbiased = !cx.has("unbiased") || cx.bool("unbiased")?;
-            cx.g.full(unbiased as i64 as f64, ct, &shape)
+            cx.g.full(unbiased as i64 as f64, real, &shape)
         }
     };
-    let n = cx.g.full(count as f64, ct, &shape);
+    let n = cx.g.full(count as f64, real, &shape);
     let denom = cx.g.binary("stablehlo.subtract", n, correction);
-    let zero = cx.g.full(0.0, ct, &shape);
+    let zero = cx.g.full(0.0, real, &shape);
     let denom = cx.g.binary("stablehlo.maximum", denom, zero);
     let mut r = cx.g.binary("stablehlo.divide", ss, denom);
     if sqrt {
