@@ -74,7 +74,8 @@ pub struct Entry {
     /// `lower` (which finds them in [`Cx::sizes`]); it may return nothing
     /// when a call needs none.
     pub measure: Option<Lowering>,
-    /// Whether the lowering handles complex tensors; others reject them.
+    /// Whether the lowering handles complex tensors; calls of others that
+    /// read one run on the CPU ([`OpDef::check_complex`]).
     pub complex: bool,
     /// How its results are laid out in memory (the elementwise families'
     /// tables give theirs: [`result_layout`]).
@@ -247,6 +248,9 @@ impl OpDef {
     /// and messages are written for real dtypes. (A complex out= is the
     /// lowering's to convert into.)
     pub fn check_complex(&self, args: &[Arg]) -> Result<()> {
+        if self.entry.complex {
+            return Ok(());
+        }
         let complex = |t: &Tensor| t.dtype.is_complex();
         let mut read = args.iter().zip(&self.args).filter(|(_, d)| !d.is_out).map(|(a, _)| a);
         let any = read.any(|a| match a {
@@ -254,7 +258,7 @@ impl OpDef {
             Arg::Tensors(ts) => ts.iter().flatten().any(complex),
             _ => false,
         });
-        if any && !self.entry.complex {
+        if any {
             return Err(Error::fallback(format!("torchtpu: {} has no complex lowering", self.name)));
         }
         Ok(())
@@ -550,9 +554,6 @@ impl<'a> Cx<'a> {
     }
 
     fn read(&mut self, arg: usize, item: usize, t: &Tensor) -> Result<V> {
-        if t.dtype.is_complex() && !self.op.entry.complex {
-            return Err(Error::fallback(format!("torchtpu: {} has no complex lowering", self.op.name)));
-        }
         match t.device {
             None if t.sizes.is_empty() => Ok(self.param(t.ty(), Input::Host { arg, item })),
             None => Err(Error::runtime(format!(
