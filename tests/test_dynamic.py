@@ -246,6 +246,32 @@ def test_a_bucketed_value_is_unpadded_once_for_its_readers(tmp_path):
     assert r["runs"] == 2 and r["unpads"] == [0, 1, 1] and all(map(all, r["values"])), r
 
 
+def test_a_later_run_of_the_usual_batch_runs_its_own_program_not_the_last_batchs_bucket(tmp_path):
+    """A training run whose last batch was smaller saves its structure's fit
+    and the small batch's bucketed program; a later run of the usual batch
+    finds its own program on disk and runs it: no bucket, no input padded
+    through the host at every step, nothing compiled."""
+    script = """
+        import json, sys, torch, torchtpu
+        torch.manual_seed(0)
+        net = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4)).to("tpu")
+        opt = torch.optim.SGD(net.parameters(), 0.1)
+        for n in %s:
+            x, y = torch.randn(n, 16).to("tpu"), torch.randn(n, 4).to("tpu")
+            opt.zero_grad()
+            loss = ((net(x) - y) ** 2).mean()
+            loss.backward()
+            opt.step()
+            loss.item()
+        m = torchtpu.metrics()
+        print(json.dumps({k: m[k] for k in ("compilations", "bucketed_runs", "repads")}))
+    """
+    first = run(script % "[32] * 4 + [20]", TORCHTPU_CACHE_DIR=str(tmp_path))
+    assert first["bucketed_runs"] == 1, first
+    later = run(script % "[32] * 4", TORCHTPU_CACHE_DIR=str(tmp_path))
+    assert later == {"compilations": 0, "bucketed_runs": 0, "repads": 0}, later
+
+
 WINDOWS = """
     import json, torch, torchtpu
     torch.manual_seed(0)

@@ -921,6 +921,16 @@ fn program(trace: &Trace, g: &Graph, params: &[usize]) -> Result<(Arc<Program>, 
         return Ok((p, Some(launch)));
     }
     if let Some(b) = bounded::enabled().then(|| bounded::generalize(g, &padded)).flatten() {
+        // Rather than a bucket, the trace's own program where it was compiled
+        // before: a run of a script whose sizes an earlier run compiled as
+        // they were. A fit saved by a run that met other sizes once (a last,
+        // smaller batch) would otherwise pad these sizes' inputs through the
+        // host at every step, even where the bucket's program is on disk.
+        if let Some(p) = (!padded_inputs).then(|| cache::compiled(g)).transpose()?.flatten() {
+            bump(&METRICS.fused_misses);
+            programs.by_key.insert(key, Arc::downgrade(&p));
+            return Ok((p, None));
+        }
         let bkey = structure_key(&b.graph);
         let mut found = hit(programs, bkey);
         if found.is_none() {
@@ -928,16 +938,6 @@ fn program(trace: &Trace, g: &Graph, params: &[usize]) -> Result<(Arc<Program>, 
             if let Some(p) = &found {
                 bump(&METRICS.fused_misses);
                 programs.by_key.insert(bkey, Arc::downgrade(p));
-            }
-        }
-        // Rather than compile the bucket, the trace's own program where it
-        // was compiled before: a second run of a script whose first sizes
-        // were compiled as they were (its structure's fit was saved later).
-        if found.is_none() {
-            if let Some(p) = (!padded_inputs).then(|| cache::compiled(g)).transpose()?.flatten() {
-                bump(&METRICS.fused_misses);
-                programs.by_key.insert(key, Arc::downgrade(&p));
-                return Ok((p, None));
             }
         }
         // A bucket XLA cannot compile (an op its padding does not take)
