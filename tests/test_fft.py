@@ -79,6 +79,42 @@ def test_complex_operands_without_lowering_fall_back_counted(mode):
     assert set(fallbacks) == {"aten::sigmoid", "aten::pow.Tensor_Tensor"}, fallbacks
 
 
+def test_complex_numbers_as_arguments(mode):
+    """A complex number where an op takes a `Scalar` (a fill, `alpha`,
+    `beta`, `value`) is a runtime operand of the device's program when the
+    op's first tensor is complex; into a real tensor CPU's conversion
+    raises its error (counted fallback), and powers stay CPU's."""
+    a, b = torch.randn(3, 3, dtype=torch.complex64), torch.randn(3, 3, dtype=torch.complex64)
+    c = torch.randn(3, 3, dtype=torch.complex64)
+    c[0, 0] = complex(float("nan"), 0)  # beta = 0 ignores self, NaN included
+    mask = torch.tensor([True, False, True])
+
+    def calls(device):
+        a_, b_, c_ = a.to(device), b.to(device), c.to(device)
+        return [
+            torch.full((2, 3), 1 - 2j, device=device),
+            torch.zeros(3, dtype=torch.complex128, device=device).fill_(3j),
+            a_.masked_fill(mask.to(device)[:, None], 2 - 1j),
+            a_.index_fill(0, torch.tensor([0, 2]).to(device), 5j),
+            torch.where(a_.real > 0, a_, 1j),
+            torch.add(a_, b_, alpha=1j),
+            torch.addmm(c_, a_, b_, beta=1j, alpha=2 - 1j),
+            torch.addmm(c_, a_, b_, beta=0j, alpha=1j),
+            torch.addcmul(c_, a_, b_, value=-1j),
+            a_.eq(a[1, 1].item()),
+        ]
+
+    torchtpu.reset_metrics()
+    for got, expected in zip(calls("tpu"), calls("cpu")):
+        torch.testing.assert_close(got.cpu(), expected, equal_nan=True)
+    assert not torchtpu.metrics()["fallbacks"]
+    with pytest.raises(RuntimeError, match="value cannot be converted to type float without overflow"):
+        torch.full((3,), 1 + 2j, dtype=torch.float32, device="tpu")
+    got = a.to("tpu") ** (0.5 + 1j)
+    torch.testing.assert_close(got.cpu(), a ** (0.5 + 1j))
+    assert set(torchtpu.metrics()["fallbacks"]) == {"aten::fill_.Scalar", "aten::pow.Tensor_Scalar"}
+
+
 def test_spectral_loss_trains_as_on_cpu_without_fallbacks(mode):
     torch.manual_seed(0)
     signal = torch.randn(8, 64)

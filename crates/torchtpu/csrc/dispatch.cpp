@@ -133,8 +133,8 @@ struct Marshal {
   // the math-bit fallbacks let linear algebra (mm, dot, solve_triangular)
   // through with the bit set, as BLAS takes a conjugate operand.
   std::vector<at::Tensor> resolved;
-  // A call the core cannot take runs on the CPU: its arguments carry no
-  // complex numbers, and XLA has no complex32 to compute in.
+  // A call the core cannot take runs on the CPU: XLA has no complex32 to
+  // compute in.
   bool on_cpu = false;
 
   void add(const OpEntry& entry, size_t i, const c10::IValue& v, c10::DeviceIndex device) {
@@ -193,7 +193,10 @@ struct Marshal {
       a.kind = TT_ARG_STRING;
       a.str = v.toStringRef().c_str();
     } else if (v.isComplexDouble()) {
-      on_cpu = true;
+      auto z = v.toComplexDouble();
+      a.kind = TT_ARG_COMPLEX;
+      a.f = z.real();
+      a.imag = z.imag();
     } else {
       a.kind = TT_ARG_OTHER;
     }

@@ -53,6 +53,7 @@ enum {
   TT_ARG_STRING = 9,      // str
   TT_ARG_SEED = 10,       // i: 64 random bits drawn from the tpu generator
   TT_ARG_OTHER = 11,      // device and other values no lowering reads
+  TT_ARG_COMPLEX = 12,    // f + imag i
 };
 
 typedef struct TtArg {
@@ -64,6 +65,7 @@ typedef struct TtArg {
   const double* floats;
   int64_t len;
   const char* str;
+  double imag;
 } TtArg;
 
 // Declared argument of an operator's schema, given once when the operator is

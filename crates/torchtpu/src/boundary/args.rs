@@ -31,6 +31,7 @@ pub struct TtArg {
     pub floats: *const f64,
     pub len: i64,
     pub str: *const c_char,
+    pub imag: f64,
 }
 
 /// `n` elements at `p` (none when `p` is null).
@@ -78,6 +79,7 @@ pub unsafe fn decode<'a>(a: &'a TtArg) -> Result<Arg<'a>> {
         9 => Arg::Str(CStr::from_ptr(a.str).to_str().unwrap_or("")),
         10 => Arg::Seed(a.i as u64),
         11 => Arg::Other,
+        12 => Arg::Complex(a.f, a.imag),
         _ => Arg::None,
     })
 }

@@ -301,6 +301,12 @@ fn write_signature(key: &mut Key, id: u64, runtime: impl Fn(usize) -> bool, args
                 }
                 Arg::Int(v) => scalar(key, 103, *v as u64),
                 Arg::Float(f) => scalar(key, 105, f.to_bits()),
+                Arg::Complex(re, im) => {
+                    scalar(key, 113, re.to_bits());
+                    if !runtime {
+                        key.push(im.to_bits());
+                    }
+                }
                 Arg::Bool(b) => scalar(key, 107, *b as u64),
                 Arg::Ints(v) => {
                     key.extend([109, v.len() as u64]);
@@ -599,10 +605,25 @@ fn input_buffer(plan: &Plan, input: &Input, args: &[Arg], device: usize, padded:
             }
         }
         Input::Scalar { arg, dtype } => {
-            let (bytes, n) = match &args[arg] {
-                Arg::Int(v) => (v.to_le_bytes(), 8),
-                Arg::Float(f) => (f.to_le_bytes(), 8),
-                Arg::Bool(b) => ([*b as u8, 0, 0, 0, 0, 0, 0, 0], 1),
+            let mut bytes = [0u8; 16];
+            let n = match &args[arg] {
+                Arg::Int(v) => {
+                    bytes[..8].copy_from_slice(&v.to_le_bytes());
+                    8
+                }
+                Arg::Float(f) => {
+                    bytes[..8].copy_from_slice(&f.to_le_bytes());
+                    8
+                }
+                Arg::Complex(re, im) => {
+                    bytes[..8].copy_from_slice(&re.to_le_bytes());
+                    bytes[8..].copy_from_slice(&im.to_le_bytes());
+                    16
+                }
+                Arg::Bool(b) => {
+                    bytes[0] = *b as u8;
+                    1
+                }
                 _ => return Err(Error::runtime("torchtpu: scalar input is not a number")),
             };
             upload_scalar(&bytes[..n], dtype, device)

@@ -89,6 +89,8 @@ pub enum Arg<'a> {
     Tensors(Vec<Option<Tensor<'a>>>),
     Int(i64),
     Float(f64),
+    /// A complex number: real and imaginary parts.
+    Complex(f64, f64),
     Bool(bool),
     Ints(&'a [i64]),
     Floats(&'a [f64]),

@@ -455,6 +455,12 @@ fn pow(cx: &mut Cx) -> Result<Vec<V>> {
 /// CPU refuses an integer tensor to a negative integer number's power (a
 /// tensor of exponents is computed: 1 / base, rounded toward zero).
 fn pow_rules(cx: &Cx) -> Result<()> {
+    // XLA's complex power meets CPU's only away from zero and overflow (0
+    // to the (2+1j) is NaN there, 0 on CPU): a complex number's, as a complex
+    // tensor's exponent, stays CPU's (counted).
+    if ["self", "exponent"].iter().any(|n| matches!(cx.arg(n), Ok(Arg::Complex(..)))) {
+        return Err(Error::fallback("torchtpu: a power of a complex number runs on the CPU"));
+    }
     let integral = |t: super::Tensor| t.dtype.is_int() || t.dtype == DType::Bool;
     let negative = matches!(cx.arg("exponent"), Ok(Arg::Int(e)) if *e < 0);
     if negative && cx.meta("self").is_ok_and(integral) {

@@ -248,6 +248,7 @@ impl OpDef {
     /// and messages are written for real dtypes. (A complex out= is the
     /// lowering's to convert into.)
     pub fn check_complex(&self, args: &[Arg]) -> Result<()> {
+        self.check_complex_numbers(args)?;
         if self.entry.complex {
             return Ok(());
         }
@@ -262,6 +263,22 @@ impl OpDef {
             return Err(Error::fallback(format!("torchtpu: {} has no complex lowering", self.name)));
         }
         Ok(())
+    }
+
+    /// A complex number argument stays on the device only as a runtime
+    /// operand of a complex entry whose first tensor is complex (a fill of
+    /// a complex tensor, a complex `alpha`): elsewhere CPU's conversion of
+    /// it (its error for a real tensor, a constant's use) decides (counted).
+    fn check_complex_numbers(&self, args: &[Arg]) -> Result<()> {
+        let first_complex = args.iter().find_map(|a| match a {
+            Arg::Tensor(t) => Some(t.dtype.is_complex()),
+            _ => None,
+        });
+        let kept = |i: usize| self.entry.complex && self.is_runtime(i) && first_complex == Some(true);
+        match args.iter().enumerate().find(|&(i, a)| matches!(a, Arg::Complex(..)) && !kept(i)) {
+            Some(_) => Err(Error::fallback(format!("torchtpu: {} takes no complex number here", self.name))),
+            None => Ok(()),
+        }
     }
 
     /// Whether argument `i` is a runtime operand (its value is not part of
@@ -629,10 +646,11 @@ impl<'a> Cx<'a> {
                 };
                 Ok(Operand { v: self.read(i, 0, &t)?, dtype: t.dtype, priority })
             }
-            Arg::Int(_) | Arg::Float(_) | Arg::Bool(_) => {
+            Arg::Int(_) | Arg::Float(_) | Arg::Complex(..) | Arg::Bool(_) => {
                 let dtype = match self.args[i] {
                     Arg::Int(_) => DType::I64,
                     Arg::Float(_) => DType::F64,
+                    Arg::Complex(..) => DType::C128,
                     _ => DType::Bool,
                 };
                 let v = if self.op.is_runtime(i) {
