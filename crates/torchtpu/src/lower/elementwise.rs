@@ -456,8 +456,9 @@ fn pow(cx: &mut Cx) -> Result<Vec<V>> {
 /// tensor of exponents is computed: 1 / base, rounded toward zero).
 fn pow_rules(cx: &Cx) -> Result<()> {
     // XLA's complex power meets CPU's only away from zero and overflow (0
-    // to the (2+1j) is NaN there, 0 on CPU): a complex number's, as a complex
-    // tensor's exponent, stays CPU's (counted).
+    // to the (2+1j) is NaN there, 0 on CPU): a power with a complex number
+    // for base or exponent stays CPU's (counted), as one with a complex
+    // tensor of exponents does.
     if ["self", "exponent"].iter().any(|n| matches!(cx.arg(n), Ok(Arg::Complex(..)))) {
         return Err(Error::fallback("torchtpu: a power of a complex number runs on the CPU"));
     }
