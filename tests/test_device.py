@@ -110,6 +110,29 @@ def test_complex32_is_stored_and_computed_on_cpu():
     assert torchtpu.metrics()["fallbacks"] == {"aten::_copy_from": 2, "aten::mul.Tensor": 1}
 
 
+@pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.float8_e5m2, torch.float8_e4m3fnuz,
+                                   torch.float8_e5m2fnuz])
+def test_float8_is_stored_and_computed_on_cpu(dtype):
+    """float8 on tpu as complex32: its bytes move and view (a float8
+    checkpoint loads onto the device), its conversions and ops run on the
+    CPU (counted), and what CPU refuses raises CPU's error."""
+    x = torch.randn(4, 5) * 3
+    f = x.to(dtype)
+    bits = lambda t: t.view(torch.uint8)  # noqa: E731  (CPU has no equal() for float8)
+    torchtpu.reset_metrics()
+    t = f.to("tpu")
+    assert (t.dtype, t.device.type) == (dtype, "tpu")
+    assert torch.equal(bits(t.cpu()), bits(f))
+    assert torch.equal(bits(t[1:, ::2].cpu()), bits(f[1:, ::2]))
+    assert torch.equal(t.view(torch.uint8).cpu(), bits(f))
+    assert torch.equal(t.to(torch.bfloat16).cpu(), f.to(torch.bfloat16))
+    assert torch.equal(bits(x.to("tpu").to(dtype).cpu()), bits(f))
+    assert torch.equal(bits(torch.cat([t, t]).cpu()), bits(torch.cat([f, f])))
+    assert torchtpu.metrics()["fallbacks"] == {"aten::_copy_from": 2, "aten::cat": 1}
+    with pytest.raises(NotImplementedError, match="not implemented for 'Float8_"):
+        t + 1
+
+
 def test_nested_tensors_keep_views_on_tpu_and_compute_on_cpu():
     """torch.nested's strided layout on tpu: views share the tpu buffer (as
     on CPU, a write through one shows in its base), and ops run PyTorch's

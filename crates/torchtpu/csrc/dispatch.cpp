@@ -121,6 +121,21 @@ const OpEntry& op_entry(const c10::OperatorHandle& op) {
   return *entry;
 }
 
+// Types XLA does not compute in (the core's `DType::is_storage_only`):
+// their values only move; ops on them run on the CPU.
+bool storage_only(at::ScalarType t) {
+  switch (t) {
+    case at::kComplexHalf:
+    case at::kFloat8_e5m2:
+    case at::kFloat8_e4m3fn:
+    case at::kFloat8_e5m2fnuz:
+    case at::kFloat8_e4m3fnuz:
+      return true;
+    default:
+      return false;
+  }
+}
+
 // Owns the marshalled form of one call's arguments (on the stack for a
 // call of a few arguments: no allocation per op).
 struct Marshal {
@@ -133,8 +148,8 @@ struct Marshal {
   // the math-bit fallbacks let linear algebra (mm, dot, solve_triangular)
   // through with the bit set, as BLAS takes a conjugate operand.
   std::vector<at::Tensor> resolved;
-  // A call the core cannot take runs on the CPU: XLA has no complex32 to
-  // compute in.
+  // A call the core cannot take runs on the CPU: XLA computes in neither
+  // complex32 nor float8.
   bool on_cpu = false;
 
   void add(const OpEntry& entry, size_t i, const c10::IValue& v, c10::DeviceIndex device) {
@@ -167,7 +182,7 @@ struct Marshal {
     } else if (v.isInt() || v.isSymInt()) {
       a.kind = TT_ARG_INT;
       a.i = v.isInt() ? v.toInt() : v.toSymInt().guard_int(__FILE__, __LINE__);
-      on_cpu |= entry.scalar_type[i] && a.i == static_cast<int64_t>(at::kComplexHalf);
+      on_cpu |= entry.scalar_type[i] && storage_only(static_cast<at::ScalarType>(a.i));
     } else if (v.isDouble()) {
       a.kind = TT_ARG_FLOAT;
       a.f = v.toDouble();
@@ -204,7 +219,7 @@ struct Marshal {
   }
 
   const TtTensor* push(const at::Tensor& t) {
-    on_cpu |= t.defined() && t.scalar_type() == at::kComplexHalf;
+    on_cpu |= t.defined() && storage_only(t.scalar_type());
     if (t.defined() && (t.is_conj() || t.is_neg())) {
       resolved.push_back(t.resolve_conj().resolve_neg());
       tensors.push_back(describe(resolved.back()));
@@ -491,17 +506,18 @@ at::Tensor stored(const at::Tensor& t) {
 at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool /*non_blocking*/) {
   if (dst.numel() == 0) return dst;
   if (self.is_privateuseone() && dst.is_privateuseone()) {
-    // XLA has no complex32: a conversion to or from it runs on the CPU.
-    bool complex32 = self.scalar_type() != dst.scalar_type() &&
-                     (self.scalar_type() == at::kComplexHalf || dst.scalar_type() == at::kComplexHalf);
-    if (self.device() == dst.device() && !complex32) {
+    // XLA computes in neither complex32 nor float8: a conversion to or from
+    // them runs on the CPU.
+    bool on_cpu = self.scalar_type() != dst.scalar_type() &&
+                  (storage_only(self.scalar_type()) || storage_only(dst.scalar_type()));
+    if (self.device() == dst.device() && !on_cpu) {
       copy_on_device(self, dst);
       auto raw = stored(dst);
       if (self.is_conj() != dst.is_conj() && dst.is_complex()) raw.conj_physical_();
       if (self.is_neg() != dst.is_neg()) raw.neg_();
       return dst;
     }
-    if (complex32) check(tt_fallback("aten::_copy_from"));
+    if (on_cpu) check(tt_fallback("aten::_copy_from"));
     return copy_from(self.cpu(), dst, false);  // through the host
   }
   if (dst.is_privateuseone()) {

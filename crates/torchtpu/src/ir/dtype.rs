@@ -23,6 +23,13 @@ pub enum DType {
     /// views); every op on it runs on the CPU (the adapter routes it there),
     /// since XLA has no complex32.
     C32,
+    /// The float8 types (e5m2, e4m3fn, e5m2fnuz, e4m3fnuz): storage only,
+    /// as complex32, their values moved as bytes; every op on them, and every
+    /// conversion, runs on the CPU (counted).
+    F8E5M2,
+    F8E4M3FN,
+    F8E5M2FNUZ,
+    F8E4M3FNUZ,
 }
 
 use DType::*;
@@ -64,6 +71,10 @@ impl DType {
             9 => C64,
             10 => C128,
             8 => C32,
+            23 => F8E5M2,
+            24 => F8E4M3FN,
+            25 => F8E5M2FNUZ,
+            26 => F8E4M3FNUZ,
             _ => return Err(Error::type_error(format!("tpu does not support dtype {}", c10_name(code)))),
         })
     }
@@ -85,12 +96,16 @@ impl DType {
             C64 => 9,
             C128 => 10,
             C32 => 8,
+            F8E5M2 => 23,
+            F8E4M3FN => 24,
+            F8E5M2FNUZ => 25,
+            F8E4M3FNUZ => 26,
         }
     }
 
     pub fn size(self) -> usize {
         match self {
-            Bool | U8 | I8 => 1,
+            Bool | U8 | I8 | F8E5M2 | F8E4M3FN | F8E5M2FNUZ | F8E4M3FNUZ => 1,
             I16 | F16 | BF16 => 2,
             I32 | F32 | U32 | C32 => 4,
             I64 | F64 | U64 | C64 => 8,
@@ -128,6 +143,12 @@ impl DType {
         }
     }
 
+    /// Types XLA does not compute in (complex32, float8): their values only
+    /// move; ops on them run on the CPU.
+    pub fn is_storage_only(self) -> bool {
+        matches!(self, C32 | F8E5M2 | F8E4M3FN | F8E5M2FNUZ | F8E4M3FNUZ)
+    }
+
     pub fn is_int(self) -> bool {
         matches!(self, U8 | I8 | I16 | I32 | I64 | U32 | U64)
     }
@@ -145,13 +166,14 @@ impl DType {
             F32 => "f32",
             F64 => "f64",
             U32 | C32 => "ui32",
+            F8E5M2 | F8E4M3FN | F8E5M2FNUZ | F8E4M3FNUZ => "ui8",
             U64 => "ui64",
             C64 => "complex<f32>",
             C128 => "complex<f64>",
         }
     }
 
-    /// From an MLIR element type (complex32 has none of its own).
+    /// From an MLIR element type (complex32 and float8 have none of their own).
     pub fn from_mlir(name: &str) -> Result<DType> {
         [Bool, U8, I8, I16, I32, I64, F16, BF16, F32, F64, U32, U64, C64, C128]
             .into_iter()
@@ -173,6 +195,7 @@ impl DType {
             F32 => E::F32,
             F64 => E::F64,
             U32 | C32 => E::U32,
+            F8E5M2 | F8E4M3FN | F8E5M2FNUZ | F8E4M3FNUZ => E::U8,
             U64 => E::U64,
             C64 => E::C64,
             C128 => E::C128,

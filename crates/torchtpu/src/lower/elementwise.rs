@@ -193,6 +193,10 @@ pub(super) fn cpp_name(dtype: DType) -> &'static str {
         DType::C64 => "c10::complex<float>",
         DType::C128 => "c10::complex<double>",
         DType::C32 => "c10::complex<c10::Half>",
+        DType::F8E5M2 => "c10::Float8_e5m2",
+        DType::F8E4M3FN => "c10::Float8_e4m3fn",
+        DType::F8E5M2FNUZ => "c10::Float8_e5m2fnuz",
+        DType::F8E4M3FNUZ => "c10::Float8_e4m3fnuz",
     }
 }
 

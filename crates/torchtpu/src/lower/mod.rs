@@ -333,8 +333,12 @@ fn copy_into(cx: &mut Cx) -> Result<Vec<V>> {
         )));
     }
     let from = cx.g.ty(src).dtype;
-    if from != dst.dtype && (from == DType::C32 || dst.dtype == DType::C32) {
-        return Err(Error::runtime("torchtpu: complex32 converts on the CPU; this copy should not reach the core"));
+    if from != dst.dtype && (from.is_storage_only() || dst.dtype.is_storage_only()) {
+        return Err(Error::runtime(format!(
+            "torchtpu: {} to {} converts on the CPU; this copy should not reach the core",
+            from.torch_name(),
+            dst.dtype.torch_name()
+        )));
     }
     let src = cx.g.convert(src, dst.dtype);
     let src = cx.g.broadcast_to(src, dst.sizes);
