@@ -270,15 +270,19 @@ impl OpDef {
     /// a complex tensor, a complex `alpha`): elsewhere CPU's conversion of
     /// it (its error for a real tensor, a constant's use) decides (counted).
     fn check_complex_numbers(&self, args: &[Arg]) -> Result<()> {
-        let first_complex = args.iter().find_map(|a| match a {
+        let numbers: Vec<usize> = (0..args.len()).filter(|&i| matches!(args[i], Arg::Complex(..))).collect();
+        if numbers.is_empty() {
+            return Ok(());
+        }
+        let first_tensor_complex = args.iter().find_map(|a| match a {
             Arg::Tensor(t) => Some(t.dtype.is_complex()),
             _ => None,
         });
-        let kept = |i: usize| self.entry.complex && self.is_runtime(i) && first_complex == Some(true);
-        match args.iter().enumerate().find(|&(i, a)| matches!(a, Arg::Complex(..)) && !kept(i)) {
-            Some(_) => Err(Error::fallback(format!("torchtpu: {} takes no complex number here", self.name))),
-            None => Ok(()),
+        let kept = self.entry.complex && first_tensor_complex == Some(true);
+        if !kept || !numbers.iter().all(|&i| self.is_runtime(i)) {
+            return Err(Error::fallback(format!("torchtpu: {} takes no complex number here", self.name)));
         }
+        Ok(())
     }
 
     /// Whether argument `i` is a runtime operand (its value is not part of
