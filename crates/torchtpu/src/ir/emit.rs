@@ -119,16 +119,30 @@ fn region_bool(v: V, name: &str, op: &str, a: &str, b: &str) -> String {
     format!("      %{name}{v} = \"stablehlo.{op}\"(%{a}{v}, %{b}{v}) : (tensor<i1>, tensor<i1>) -> tensor<i1>\n")
 }
 
-struct Emitter<'g> {
-    g: &'g Graph,
-    out: String,
+/// The functions of a module besides `@main`: loops' bodies and external
+/// kernels' functions, the latter each once.
+#[derive(Default)]
+struct Functions {
+    kernels: Vec<String>,
+    loops: usize,
+    text: String,
 }
 
-impl Emitter<'_> {
+struct Emitter<'g, 'f> {
+    g: &'g Graph,
+    out: String,
+    functions: &'f mut Functions,
+}
+
+impl Emitter<'_, '_> {
     fn name(&self, v: V) -> String {
         match &self.g.nodes[v].op {
             Op::Param(n) => format!("%arg{n}"),
-            Op::ArgReduce { .. } | Op::RngBits => format!("%v{v}#1"),
+            // A loop's first result is its trip counter.
+            Op::ArgReduce { .. } | Op::RngBits | Op::Loop { .. } => format!("%v{v}#1"),
+            Op::Result(n) if matches!(self.g.nodes[self.g.nodes[v].args[0]].op, Op::Loop { .. }) => {
+                format!("%v{}#{}", self.g.nodes[v].args[0], n + 1)
+            }
             Op::Reduce { .. } if self.g.nodes[v].args.len() > 1 => format!("%v{v}#0"),
             Op::Sort { result, .. } => format!("%v{v}#{result}"),
             Op::CustomCall { results, .. } if results.len() > 1 => format!("%v{v}#0"),
@@ -342,6 +356,7 @@ impl Emitter<'_> {
             Op::Call(kernel) => {
                 self.multi_line(v, "func.call", &format!("callee = @{}", kernel.entry), &kernel.outputs)
             }
+            Op::Loop { trips, body } => self.counted_loop(v, *trips, body),
             Op::RngBits => {
                 let key = self.name(node.args[0]);
                 let kt = self.ty(node.args[0]);
@@ -377,6 +392,51 @@ impl Emitter<'_> {
             array(dims),
             types.join(", "),
             vec![scalar(dtype); n].join(", "),
+        );
+    }
+
+    /// A `while` over a trip counter from 0 to `trips`, its body a call of
+    /// the loop's own function (XLA inlines it).
+    fn counted_loop(&mut self, v: V, trips: i64, body: &Graph) {
+        let name = format!("loop{}", self.functions.loops);
+        self.functions.loops += 1;
+        let text = function(body, &format!("private @{name}"), self.functions);
+        self.functions.text.push_str(&text);
+        let node = &self.g.nodes[v];
+        let n = node.args.len();
+        let i32 = scalar(DType::I32);
+        let types: Vec<String> = std::iter::once(i32.clone()).chain(node.args.iter().map(|&a| self.ty(a))).collect();
+        let types = types.join(", ");
+        let block = |prefix: &str| {
+            let values = node.args.iter().enumerate().map(|(k, &a)| format!(", %{prefix}{v}_{k}: {}", self.ty(a)));
+            format!("^bb0(%{prefix}{v}: {i32}{})", values.collect::<String>())
+        };
+        let values = |prefix: &str| (0..n).map(|k| format!(", %{prefix}{v}_{k}")).collect::<String>();
+        let (cond, step) = (block("c"), block("b"));
+        let results: Vec<String> =
+            (0..n).map(|k| if n == 1 { format!("%r{v}") } else { format!("%r{v}#{k}") }).collect();
+        let count = if n == 1 { String::new() } else { format!(":{n}") };
+        let init: Vec<String> = node.args.iter().map(|&a| self.name(a)).collect();
+        let _ = writeln!(
+            self.out,
+            "    %z{v} = stablehlo.constant dense<0> : {i32}
+    %v{v}:{} = \"stablehlo.while\"(%z{v}, {}) ({{
+    {cond}:
+      %t{v} = stablehlo.constant dense<{trips}> : {i32}
+{}      \"stablehlo.return\"(%l{v}) : (tensor<i1>) -> ()
+    }}, {{
+    {step}:
+      %r{v}{count} = \"func.call\"(%b{v}{}) {{callee = @{name}}} : ({types}) -> ({})
+      %o{v} = stablehlo.constant dense<1> : {i32}
+      %n{v} = \"stablehlo.add\"(%b{v}, %o{v}) : ({i32}, {i32}) -> {i32}
+      \"stablehlo.return\"(%n{v}, {}) : ({types}) -> ()
+    }}) : ({types}) -> ({types})",
+            n + 1,
+            init.join(", "),
+            region_compare(v, "l", "LT", "c", "t", &i32, "SIGNED"),
+            values("b"),
+            node.args.iter().map(|&a| self.ty(a)).collect::<Vec<_>>().join(", "),
+            results.join(", "),
         );
     }
 
@@ -591,7 +651,15 @@ impl Emitter<'_> {
 
 /// The StableHLO module of a graph: `@main(params...) -> outputs`.
 pub fn emit(g: &Graph) -> String {
-    let mut e = Emitter { g, out: String::new() };
+    let mut functions = Functions::default();
+    let main = function(g, "public @main", &mut functions);
+    format!("module @torchtpu {{\n{main}{}}}\n", functions.text)
+}
+
+/// `func.func {header}(params...) -> outputs` of a graph; the functions it
+/// calls go to `functions`.
+fn function(g: &Graph, header: &str, functions: &mut Functions) -> String {
+    let mut e = Emitter { g, out: String::new(), functions };
     let params: Vec<String> = g
         .params
         .iter()
@@ -602,12 +670,7 @@ pub fn emit(g: &Graph) -> String {
         })
         .collect();
     let results: Vec<String> = g.outputs.iter().map(|&v| e.ty(v)).collect();
-    let _ = writeln!(
-        e.out,
-        "module @torchtpu {{\n  func.func public @main({}) -> ({}) {{",
-        params.join(", "),
-        results.join(", ")
-    );
+    let _ = writeln!(e.out, "  func.func {header}({}) -> ({}) {{", params.join(", "), results.join(", "));
     // Only nodes that reach an output are printed.
     let mut live = vec![false; g.nodes.len()];
     for &o in &g.outputs {
@@ -628,17 +691,15 @@ pub fn emit(g: &Graph) -> String {
     let names: Vec<String> = g.outputs.iter().map(|&v| e.name(v)).collect();
     let _ = writeln!(e.out, "    \"func.return\"({}) : ({}) -> ()\n  }}", names.join(", "), results.join(", "));
     // The functions of the external kernels called, each once.
-    let mut kernels: Vec<&str> = Vec::new();
     for (v, node) in g.nodes.iter().enumerate() {
         if let (true, Op::Call(k)) = (live[v], &node.op) {
-            if !kernels.contains(&k.entry.as_str()) {
-                kernels.push(&k.entry);
-                e.out.push_str(&k.functions);
-                e.out.push('\n');
+            if !e.functions.kernels.contains(&k.entry) {
+                e.functions.kernels.push(k.entry.clone());
+                e.functions.text.push_str(&k.functions);
+                e.functions.text.push('\n');
             }
         }
     }
-    e.out.push_str("}\n");
     e.out
 }
 

@@ -232,6 +232,15 @@ pub enum Op {
     /// A slice of these sizes at start indices `args[1..]` (i32 scalars),
     /// computed when the program runs.
     DynamicSlice(Vec<i64>),
+    /// `body` run `trips` times on the loop-carried values (the args): its
+    /// parameters are the trip's number (an i32 scalar, from 0) and the
+    /// values, its outputs their next values. The node is the first value
+    /// after the last trip, [`Op::Result`] nodes the others. A program's
+    /// size then no longer grows with an algorithm's steps (LU's columns).
+    Loop {
+        trips: i64,
+        body: std::sync::Arc<Graph>,
+    },
 }
 
 /// What a collective computes; each replica contributes its operand.
@@ -558,8 +567,9 @@ impl Graph {
     /// Whether the graph has a float32 or complex64 dot or convolution: its
     /// program depends on PyTorch's float32 matmul setting.
     pub fn uses_f32_precision(&self) -> bool {
-        self.nodes.iter().any(|n| match n.op {
+        self.nodes.iter().any(|n| match &n.op {
             Op::DotGeneral { .. } | Op::Convolution(..) => follows_precision(self.ty(n.args[0]).dtype),
+            Op::Loop { body, .. } => body.uses_f32_precision(),
             _ => false,
         })
     }
@@ -577,6 +587,7 @@ impl Graph {
                 let kernel = self.ty(n.args[1]);
                 2 * n.ty.numel() * (kernel.numel() / kernel.shape[c.rhs[0] as usize].max(1))
             }
+            Op::Loop { trips, body } => *trips * body.product_flops() as i64,
             _ => 0,
         };
         self.nodes.iter().map(|n| flops(n).max(0) as u64).sum()
@@ -685,6 +696,29 @@ impl Graph {
     /// The results of a call of `kernel` (see [`Op::Call`]).
     pub fn call(&mut self, kernel: &std::sync::Arc<crate::ir::kernel::Kernel>, args: &[V]) -> Vec<V> {
         self.multi(Op::Call(kernel.clone()), args, &kernel.outputs)
+    }
+
+    /// A slice of `sizes` of `a` starting at `starts` (i32 scalars, one per
+    /// dimension; XLA clamps them so that the slice stays inside).
+    pub fn dynamic_slice(&mut self, a: V, starts: &[V], sizes: &[i64]) -> V {
+        let dtype = self.ty(a).dtype;
+        let args = std::iter::once(a).chain(starts.iter().copied()).collect();
+        self.push(Op::DynamicSlice(sizes.to_vec()), args, Ty::new(dtype, sizes))
+    }
+
+    /// The values `init` after `trips` runs of `body` (see [`Op::Loop`]),
+    /// which gets a graph of its own, the trip's number and the values.
+    pub fn counted_loop(&mut self, trips: i64, init: &[V], body: impl FnOnce(&mut Graph, V, &[V]) -> Vec<V>) -> Vec<V> {
+        let types: Vec<Ty> = init.iter().map(|&v| self.ty(v).clone()).collect();
+        if trips <= 0 {
+            return init.to_vec();
+        }
+        let mut g = Graph::default();
+        let trip = g.param(Ty::new(DType::I32, &[]));
+        let values: Vec<V> = types.iter().map(|t| g.param(t.clone())).collect();
+        g.outputs = body(&mut g, trip, &values);
+        debug_assert!(g.outputs.iter().map(|&o| g.ty(o)).eq(&types), "a loop's body changes its values' types");
+        self.multi(Op::Loop { trips, body: std::sync::Arc::new(g) }, init, &types)
     }
 
     /// Uniformly random bits of `dtype` (u32 or u64 shaped) from a u64[2] key.

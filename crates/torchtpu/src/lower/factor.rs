@@ -6,9 +6,11 @@
 //! "Eigh") that XLA's compilers expand into their own blocked Householder and
 //! Jacobi algorithms on every platform; "Qr" returns LAPACK's `geqrf` layout
 //! (R above the diagonal, reflectors below, and their scales). XLA has no LU
-//! expander (JAX calls LAPACK on CPU), so LU is written here: column by column,
-//! each step a pivot search, a row swap and a rank-1 update of the trailing
-//! block (the program grows with the matrix's order). Results follow LAPACK's
+//! expander (JAX calls LAPACK on CPU), so LU is written here: a loop over the
+//! columns ([`Op::Loop`](crate::ir::Op::Loop), so the program's size does not
+//! grow with the matrix's order), each step a pivot search, a row swap and a
+//! rank-1 update of the trailing block, on the whole matrix under masks (the
+//! loop's values keep one shape). Results follow LAPACK's
 //! `getrf`: the first row of largest magnitude is the pivot, the column is
 //! scaled by the pivot's reciprocal, and `info` names the first zero pivot.
 //!
@@ -73,12 +75,6 @@ fn to_batch(g: &mut Graph, a: V, batch: &[i64], tail: usize) -> V {
     g.broadcast_to(a, &with(batch, &shape[shape.len() - tail..]))
 }
 
-/// Concatenation of the non-empty `parts` along `dim`.
-fn concat(g: &mut Graph, parts: &[V], dim: usize) -> V {
-    let parts: Vec<V> = parts.iter().copied().filter(|&p| g.ty(p).shape[dim] > 0).collect();
-    g.concatenate(&parts, dim)
-}
-
 /// A scalar splat to `v`'s shape.
 fn splat(g: &mut Graph, value: f64, v: V) -> V {
     let ty = g.ty(v).clone();
@@ -105,113 +101,136 @@ struct Lu {
 fn factor(g: &mut Graph, a: V) -> Lu {
     let ty = g.ty(a).clone();
     let (batch, m, n) = split(&ty.shape);
-    let r = ty.rank();
-    let mut info = g.full(0.0, DType::I32, &batch);
+    let info = g.full(0.0, DType::I32, &batch);
+    let pivots = g.full(0.0, DType::I32, &with(&batch, &[m.min(n)]));
     if ty.numel() == 0 {
-        let pivots = g.full(0.0, DType::I32, &with(&batch, &[m.min(n)]));
         return Lu { lu: a, pivots, info };
     }
+    let out = g.counted_loop(m.min(n), &[a, pivots, info], |g, k, values| eliminate(g, k, values));
+    Lu { lu: out[0], pivots: out[1], info: out[2] }
+}
+
+/// One step of the factorization, column `k` (an i32 scalar) of `[a,
+/// pivots, info]`: the pivot search, the row swap, and the update below
+/// and right of the pivot.
+fn eliminate(g: &mut Graph, k: V, values: &[V]) -> Vec<V> {
+    let (a, pivots, info) = (values[0], values[1], values[2]);
+    let ty = g.ty(a).clone();
+    let (batch, m, n) = split(&ty.shape);
+    let r = ty.rank();
     let all: Vec<i64> = (0..r as i64).collect();
-    let mut a = a;
-    let mut pivots = Vec::new();
-    for k in 0..m.min(n) {
-        // The pivot: the first row of largest magnitude at or below row k.
-        let column = block(g, a, (k, m), (k, k + 1));
-        let column = g.reshape(column, &with(&batch, &[m - k]));
-        let magnitude = g.unary("stablehlo.abs", column);
-        let p = g.arg_reduce(magnitude, r - 2, true);
-        let offset = g.full(k as f64, DType::I64, &batch);
-        let p = g.binary("stablehlo.add", p, offset);
-        let one = g.full(1.0, DType::I64, &batch);
-        let numbered = g.binary("stablehlo.add", p, one);
-        let numbered = g.convert(numbered, DType::I32);
-        pivots.push(g.reshape(numbered, &with(&batch, &[1])));
-        a = swap(g, a, r - 2, k, p);
-        // info: the first zero pivot.
-        let pivot = block(g, a, (k, k + 1), (k, k + 1));
-        let zero = splat(g, 0.0, pivot);
-        let singular = g.compare("EQ", pivot, zero);
-        let singular = g.reshape(singular, &batch);
-        let no_info = g.full(0.0, DType::I32, &batch);
-        let first = g.compare("EQ", info, no_info);
-        let first = g.binary("stablehlo.and", first, singular);
-        let order = g.full((k + 1) as f64, DType::I32, &batch);
-        info = g.select(first, order, info);
-        if k + 1 == m {
-            continue;
-        }
-        // Scale the column below the pivot (by its reciprocal unless that
-        // would overflow, as LAPACK's getf2) and update the trailing block.
-        let below = block(g, a, (k + 1, m), (k, k + 1));
-        let shape = g.ty(below).shape.clone();
-        let pivot = g.broadcast_in_dim(pivot, &shape, &all);
-        let one = splat(g, 1.0, pivot);
-        let reciprocal = g.binary("stablehlo.divide", one, pivot);
-        let scaled = g.binary("stablehlo.multiply", below, reciprocal);
-        let divided = g.binary("stablehlo.divide", below, pivot);
-        let magnitude = g.unary("stablehlo.abs", pivot);
-        let tiny = splat(g, if ty.dtype == DType::F32 { f32::MIN_POSITIVE as f64 } else { f64::MIN_POSITIVE }, pivot);
-        let safe = g.compare("GE", magnitude, tiny);
-        let l = g.select(safe, scaled, divided);
-        let zero = splat(g, 0.0, pivot);
-        let singular = g.compare("EQ", pivot, zero);
-        let l = g.select(singular, below, l);
-        let trailing = block(g, a, (k + 1, m), (k + 1, n));
-        let trailing = if n > k + 1 {
-            let tshape = g.ty(trailing).shape.clone();
-            let u = block(g, a, (k, k + 1), (k + 1, n));
-            let u = g.broadcast_in_dim(u, &tshape, &all);
-            let lb = g.broadcast_in_dim(l, &tshape, &all);
-            let product = g.binary("stablehlo.multiply", lb, u);
-            g.binary("stablehlo.subtract", trailing, product)
-        } else {
-            trailing
-        };
-        let left = block(g, a, (k + 1, m), (0, k));
-        let lower = concat(g, &[left, l, trailing], r - 1);
-        let top = block(g, a, (0, k + 1), (0, n));
-        a = g.concatenate(&[top, lower], r - 2);
-    }
-    let pivots =
-        if pivots.is_empty() { g.full(0.0, DType::I32, &with(&batch, &[0])) } else { concat(g, &pivots, r - 2) };
-    Lu { lu: a, pivots, info }
+    let zero = g.scalar(0.0, DType::I32);
+    let at = |g: &mut Graph, a: V, row: V, col: V, sizes: &[i64]| {
+        let starts: Vec<V> = batch.iter().map(|_| zero).chain([row, col]).collect();
+        g.dynamic_slice(a, &starts, &with(&batch, sizes))
+    };
+    // The pivot: the first row of largest magnitude at or below row k.
+    let column = at(g, a, zero, k, &[m, 1]);
+    let column = g.reshape(column, &with(&batch, &[m]));
+    let magnitude = g.unary("stablehlo.abs", column);
+    let above = before(g, k, &with(&batch, &[m]), r - 2, "LT");
+    let never = splat(g, -1.0, magnitude);
+    let magnitude = g.select(above, never, magnitude);
+    let p = g.arg_reduce(magnitude, r - 2, true);
+    let p = g.convert(p, DType::I32);
+    let one = g.full(1.0, DType::I32, &batch);
+    let numbered = g.binary("stablehlo.add", p, one);
+    let shape = g.ty(pivots).shape.clone();
+    let numbered = g.broadcast_in_dim(numbered, &shape, &(0..r as i64 - 2).collect::<Vec<_>>());
+    let here = before(g, k, &shape, r - 2, "EQ");
+    let pivots = g.select(here, numbered, pivots);
+    let a = swap(g, a, r - 2, k, p);
+    // info: the first zero pivot.
+    let pivot = at(g, a, k, k, &[1, 1]);
+    let flat = g.reshape(pivot, &batch);
+    let zeros = splat(g, 0.0, flat);
+    let singular = g.compare("EQ", flat, zeros);
+    let no_info = g.full(0.0, DType::I32, &batch);
+    let first = g.compare("EQ", info, no_info);
+    let first = g.binary("stablehlo.and", first, singular);
+    let one = g.scalar(1.0, DType::I32);
+    let order = g.binary("stablehlo.add", k, one);
+    let order = g.broadcast_in_dim(order, &batch, &[]);
+    let info = g.select(first, order, info);
+    // Scale the column below the pivot (by its reciprocal unless that
+    // would overflow, as LAPACK's getf2) and update the trailing block.
+    let column = at(g, a, zero, k, &[m, 1]);
+    let pivot = g.broadcast_in_dim(pivot, &with(&batch, &[m, 1]), &all);
+    let one = splat(g, 1.0, pivot);
+    let reciprocal = g.binary("stablehlo.divide", one, pivot);
+    let scaled = g.binary("stablehlo.multiply", column, reciprocal);
+    let divided = g.binary("stablehlo.divide", column, pivot);
+    let magnitude = g.unary("stablehlo.abs", pivot);
+    let tiny = splat(g, if ty.dtype == DType::F32 { f32::MIN_POSITIVE as f64 } else { f64::MIN_POSITIVE }, pivot);
+    let safe = g.compare("GE", magnitude, tiny);
+    let l = g.select(safe, scaled, divided);
+    let zeros = splat(g, 0.0, pivot);
+    let singular = g.compare("EQ", pivot, zeros);
+    let l = g.select(singular, column, l);
+    let u = at(g, a, k, zero, &[1, n]);
+    let l = g.broadcast_in_dim(l, &ty.shape, &all);
+    let u = g.broadcast_in_dim(u, &ty.shape, &all);
+    let product = g.binary("stablehlo.multiply", l, u);
+    let updated = g.binary("stablehlo.subtract", a, product);
+    let below = before(g, k, &ty.shape, r - 2, "GT");
+    let right = before(g, k, &ty.shape, r - 1, "GT");
+    let on = before(g, k, &ty.shape, r - 1, "EQ");
+    let trailing = g.binary("stablehlo.and", below, right);
+    let a = g.select(trailing, updated, a);
+    let scaled = g.binary("stablehlo.and", below, on);
+    let a = g.select(scaled, l, a);
+    vec![a, pivots, info]
+}
+
+/// Where the index along `dim` of `shape` compares `dir` to `k` (an i32 scalar).
+fn before(g: &mut Graph, k: V, shape: &[i64], dim: usize, dir: &'static str) -> V {
+    let index = g.iota(DType::I32, shape, dim);
+    let k = g.broadcast_in_dim(k, shape, &[]);
+    g.compare(dir, index, k)
 }
 
 /// The row permutation pivots describe: `perm[i]` is the row of A that is
 /// row i of `P^T A` (i64, [batch, m]); applying the swaps one by one.
 fn permutation(g: &mut Graph, pivots: V, m: i64) -> V {
     let shape = g.ty(pivots).shape.clone();
-    let (batch, k) = (&shape[..shape.len() - 1], shape[shape.len() - 1]);
+    let (batch, k) = (shape[..shape.len() - 1].to_vec(), shape[shape.len() - 1]);
     let r = shape.len();
-    let mut perm = g.iota(DType::I64, &with(batch, &[m]), r - 1);
-    for s in 0..k {
-        let p = g.slice_dim(pivots, r - 1, s, s + 1, 1);
-        let p = g.convert(p, DType::I64);
+    let perm = g.iota(DType::I64, &with(&batch, &[m]), r - 1);
+    let out = g.counted_loop(k, &[perm, pivots], |g, s, values| {
+        let (perm, pivots) = (values[0], values[1]);
+        let zero = g.scalar(0.0, DType::I32);
+        let starts: Vec<V> = batch.iter().map(|_| zero).chain([s]).collect();
+        let p = g.dynamic_slice(pivots, &starts, &with(&batch, &[1]));
         let one = splat(g, 1.0, p);
         let p = g.binary("stablehlo.subtract", p, one);
-        let p = g.reshape(p, batch);
-        perm = swap(g, perm, r - 1, s, p);
-    }
-    perm
+        let p = g.reshape(p, &batch);
+        vec![swap(g, perm, r - 1, s, p), pivots]
+    });
+    out[0]
 }
 
-/// `x` with positions `k` and `p` (one per index of the dimensions before
-/// `dim`) swapped along `dim`, exactly: selects, and a max over one slice.
-fn swap(g: &mut Graph, x: V, dim: usize, k: i64, p: V) -> V {
+/// `x` with positions `k` (an i32 scalar) and `p` (i32, one per index of
+/// the dimensions before `dim`) swapped along `dim`, exactly: selects, and a
+/// max over one slice.
+fn swap(g: &mut Graph, x: V, dim: usize, k: V, p: V) -> V {
     let ty = g.ty(x).clone();
     let r = ty.rank();
-    let index = g.iota(DType::I64, &ty.shape, dim);
+    let index = g.iota(DType::I32, &ty.shape, dim);
     let before: Vec<i64> = (0..dim as i64).collect();
     let p = g.broadcast_in_dim(p, &ty.shape, &before);
     let is_p = g.compare("EQ", index, p);
-    let k_index = g.full(k as f64, DType::I64, &ty.shape);
+    let k_index = g.broadcast_in_dim(k, &ty.shape, &[]);
     let is_k = g.compare("EQ", index, k_index);
     let lowest = g.identity(ReduceKind::Max, ty.dtype, &ty.shape);
     let only_p = g.select(is_p, x, lowest);
     let at_p = g.reduce(ReduceKind::Max, only_p, &[dim]);
     let others: Vec<i64> = (0..r as i64).filter(|&d| d != dim as i64).collect();
     let at_p = g.broadcast_in_dim(at_p, &ty.shape, &others);
-    let at_k = g.slice_dim(x, dim, k, k + 1, 1);
+    let zero = g.scalar(0.0, DType::I32);
+    let starts: Vec<V> = (0..r).map(|d| if d == dim { k } else { zero }).collect();
+    let mut sizes = ty.shape.clone();
+    sizes[dim] = 1;
+    let at_k = g.dynamic_slice(x, &starts, &sizes);
     let all: Vec<i64> = (0..r as i64).collect();
     let at_k = g.broadcast_in_dim(at_k, &ty.shape, &all);
     let swapped = g.select(is_p, at_k, x);
@@ -662,4 +681,26 @@ fn eigh(cx: &mut Cx) -> Result<Vec<V>> {
     };
     let vectors = if compute_v { vectors } else { cx.g.full(0.0, t.dtype, &[0]) };
     Ok(vec![values, vectors])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ir::Ty;
+
+    /// The lines of the program that factors a [2, n, n] matrix and
+    /// permutes by its pivots.
+    fn factor_program(n: i64) -> usize {
+        let mut g = Graph::default();
+        let a = g.param(Ty::new(DType::F64, &[2, n, n]));
+        let lu = factor(&mut g, a);
+        let perm = permutation(&mut g, lu.pivots, n);
+        g.outputs = vec![lu.lu, lu.info, perm];
+        crate::ir::emit::emit(&g).lines().count()
+    }
+
+    #[test]
+    fn lu_programs_do_not_grow_with_the_order() {
+        assert_eq!(factor_program(3), factor_program(300));
+    }
 }
