@@ -387,3 +387,32 @@ def test_lu_of_a_larger_order_as_on_cpu():
     torch.testing.assert_close(inv.cpu(), torch.linalg.inv(a))
     torch.testing.assert_close((sign.cpu(), logdet.cpu()), tuple(torch.linalg.slogdet(a)))
     assert torchtpu.metrics()["fallbacks"] == {}
+
+
+@pytest.mark.one_mode
+@pytest.mark.parametrize("upper", [False, True])
+def test_cholesky_names_the_first_leading_minor_that_fails(upper, mode):
+    """`cholesky_ex`'s info and `cholesky`'s error name the first leading
+    minor that is not positive-definite, as CPU's LAPACK does (XLA's factor
+    is NaN throughout when it fails), reading one triangle only."""
+    g = torch.Generator().manual_seed(0)
+
+    def failing_at(n, k):
+        q = torch.randn(n, n, generator=g, dtype=torch.float64)
+        a = q @ q.T + n * torch.eye(n, dtype=torch.float64)
+        a[k - 1:, k - 1:] -= 100 * torch.eye(n - k + 1, dtype=torch.float64)
+        # What LAPACK does not read may hold anything.
+        return a + (torch.tril if upper else torch.triu)(torch.randn(n, n, generator=g, dtype=torch.float64), 1) * 50
+
+    good = failing_at(4, 4)
+    good = good @ good.mT
+    torchtpu.reset_metrics()
+    for a in (failing_at(4, 3), failing_at(6, 6), failing_at(5, 1), torch.stack([failing_at(4, 2), good, failing_at(4, 4)])):
+        factor, info = torch.linalg.cholesky_ex(a, upper=upper)
+        actual, actual_info = torch.linalg.cholesky_ex(a.to("tpu"), upper=upper)
+        assert actual_info.cpu().tolist() == info.tolist()
+        torch.testing.assert_close(actual.cpu()[info == 0], factor[info == 0])
+        with pytest.raises(torch.linalg.LinAlgError) as cpu:
+            torch.linalg.cholesky(a, upper=upper)
+        expect_same_error(cpu.value, lambda t: torch.linalg.cholesky(t, upper=upper), a.to("tpu"))
+    assert torchtpu.metrics()["fallbacks"] == {}

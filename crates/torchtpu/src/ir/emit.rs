@@ -138,10 +138,11 @@ impl Emitter<'_, '_> {
     fn name(&self, v: V) -> String {
         match &self.g.nodes[v].op {
             Op::Param(n) => format!("%arg{n}"),
-            // A loop's first result is its trip counter.
-            Op::ArgReduce { .. } | Op::RngBits | Op::Loop { .. } => format!("%v{v}#1"),
-            Op::Result(n) if matches!(self.g.nodes[self.g.nodes[v].args[0]].op, Op::Loop { .. }) => {
-                format!("%v{}#{}", self.g.nodes[v].args[0], n + 1)
+            Op::ArgReduce { .. } | Op::RngBits => format!("%v{v}#1"),
+            // A loop's first two results are its trip's number and count.
+            Op::Loop(_) => format!("%v{v}#2"),
+            Op::Result(n) if matches!(self.g.nodes[self.g.nodes[v].args[0]].op, Op::Loop(_)) => {
+                format!("%v{}#{}", self.g.nodes[v].args[0], n + 2)
             }
             Op::Reduce { .. } if self.g.nodes[v].args.len() > 1 => format!("%v{v}#0"),
             Op::Sort { result, .. } => format!("%v{v}#{result}"),
@@ -356,7 +357,7 @@ impl Emitter<'_, '_> {
             Op::Call(kernel) => {
                 self.multi_line(v, "func.call", &format!("callee = @{}", kernel.entry), &kernel.outputs)
             }
-            Op::Loop { trips, body } => self.counted_loop(v, *trips, body),
+            Op::Loop(body) => self.counted_loop(v, body),
             Op::RngBits => {
                 let key = self.name(node.args[0]);
                 let kt = self.ty(node.args[0]);
@@ -395,47 +396,51 @@ impl Emitter<'_, '_> {
         );
     }
 
-    /// A `while` over a trip counter from 0 to `trips`, its body a call of
-    /// the loop's own function (XLA inlines it).
-    fn counted_loop(&mut self, v: V, trips: i64, body: &Graph) {
+    /// A `while` over a trip's number from 0 to the count (both carried
+    /// first), its body a call of the loop's own function (XLA inlines it).
+    fn counted_loop(&mut self, v: V, body: &Graph) {
         let name = format!("loop{}", self.functions.loops);
         self.functions.loops += 1;
         let text = function(body, &format!("private @{name}"), self.functions);
         self.functions.text.push_str(&text);
         let node = &self.g.nodes[v];
-        let n = node.args.len();
+        let (trips, values) = (node.args[0], &node.args[1..]);
+        let n = values.len();
         let i32 = scalar(DType::I32);
-        let types: Vec<String> = std::iter::once(i32.clone()).chain(node.args.iter().map(|&a| self.ty(a))).collect();
+        let value_types: Vec<String> = values.iter().map(|&a| self.ty(a)).collect();
+        let types = [i32.clone(), i32.clone()].into_iter().chain(value_types.iter().cloned()).collect::<Vec<_>>();
         let types = types.join(", ");
-        let block = |prefix: &str| {
-            let values = node.args.iter().enumerate().map(|(k, &a)| format!(", %{prefix}{v}_{k}: {}", self.ty(a)));
-            format!("^bb0(%{prefix}{v}: {i32}{})", values.collect::<String>())
+        let block = |p: &str| {
+            let values: String = value_types.iter().enumerate().map(|(k, t)| format!(", %{p}{v}_{k}: {t}")).collect();
+            format!("^bb0(%{p}{v}: {i32}, %{p}t{v}: {i32}{values})")
         };
-        let values = |prefix: &str| (0..n).map(|k| format!(", %{prefix}{v}_{k}")).collect::<String>();
-        let (cond, step) = (block("c"), block("b"));
+        let values_of = |p: &str| (0..n).map(|k| format!(", %{p}{v}_{k}")).collect::<String>();
         let results: Vec<String> =
             (0..n).map(|k| if n == 1 { format!("%r{v}") } else { format!("%r{v}#{k}") }).collect();
         let count = if n == 1 { String::new() } else { format!(":{n}") };
-        let init: Vec<String> = node.args.iter().map(|&a| self.name(a)).collect();
+        let init: Vec<String> = values.iter().map(|&a| self.name(a)).collect();
         let _ = writeln!(
             self.out,
             "    %z{v} = stablehlo.constant dense<0> : {i32}
-    %v{v}:{} = \"stablehlo.while\"(%z{v}, {}) ({{
-    {cond}:
-      %t{v} = stablehlo.constant dense<{trips}> : {i32}
+    %v{v}:{} = \"stablehlo.while\"(%z{v}, {}, {}) ({{
+    {}:
 {}      \"stablehlo.return\"(%l{v}) : (tensor<i1>) -> ()
     }}, {{
-    {step}:
-      %r{v}{count} = \"func.call\"(%b{v}{}) {{callee = @{name}}} : ({types}) -> ({})
+    {}:
+      %r{v}{count} = \"func.call\"(%b{v}{}) {{callee = @{name}}} : ({i32}, {}) -> ({})
       %o{v} = stablehlo.constant dense<1> : {i32}
       %n{v} = \"stablehlo.add\"(%b{v}, %o{v}) : ({i32}, {i32}) -> {i32}
-      \"stablehlo.return\"(%n{v}, {}) : ({types}) -> ()
+      \"stablehlo.return\"(%n{v}, %bt{v}, {}) : ({types}) -> ()
     }}) : ({types}) -> ({types})",
-            n + 1,
+            n + 2,
+            self.name(trips),
             init.join(", "),
-            region_compare(v, "l", "LT", "c", "t", &i32, "SIGNED"),
-            values("b"),
-            node.args.iter().map(|&a| self.ty(a)).collect::<Vec<_>>().join(", "),
+            block("c"),
+            region_compare(v, "l", "LT", "c", "ct", &i32, "SIGNED"),
+            block("b"),
+            values_of("b"),
+            value_types.join(", "),
+            value_types.join(", "),
             results.join(", "),
         );
     }

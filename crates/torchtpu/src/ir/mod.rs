@@ -232,15 +232,14 @@ pub enum Op {
     /// A slice of these sizes at start indices `args[1..]` (i32 scalars),
     /// computed when the program runs.
     DynamicSlice(Vec<i64>),
-    /// `body` run `trips` times on the loop-carried values (the args): its
-    /// parameters are the trip's number (an i32 scalar, from 0) and the
-    /// values, its outputs their next values. The node is the first value
-    /// after the last trip, [`Op::Result`] nodes the others. A program's
-    /// size then no longer grows with an algorithm's steps (LU's columns).
-    Loop {
-        trips: i64,
-        body: std::sync::Arc<Graph>,
-    },
+    /// `body` run `args[0]` times (an i32 scalar, known when the program
+    /// runs) on the loop-carried values (the other args): its parameters are
+    /// the trip's number (an i32 scalar, from 0) and the values, its outputs
+    /// their next values. The node is the first value after the last trip,
+    /// [`Op::Result`] nodes the others. A program's size then no longer grows
+    /// with an algorithm's steps (LU's columns), and a count computed from
+    /// the data can skip work (a failed Cholesky's first bad minor).
+    Loop(std::sync::Arc<Graph>),
 }
 
 /// What a collective computes; each replica contributes its operand.
@@ -569,7 +568,7 @@ impl Graph {
     pub fn uses_f32_precision(&self) -> bool {
         self.nodes.iter().any(|n| match &n.op {
             Op::DotGeneral { .. } | Op::Convolution(..) => follows_precision(self.ty(n.args[0]).dtype),
-            Op::Loop { body, .. } => body.uses_f32_precision(),
+            Op::Loop(body) => body.uses_f32_precision(),
             _ => false,
         })
     }
@@ -587,7 +586,11 @@ impl Graph {
                 let kernel = self.ty(n.args[1]);
                 2 * n.ty.numel() * (kernel.numel() / kernel.shape[c.rhs[0] as usize].max(1))
             }
-            Op::Loop { trips, body } => *trips * body.product_flops() as i64,
+            // A count known only when the program runs counts once.
+            Op::Loop(body) => {
+                let trips = if let Op::Const(trips) = self.nodes[n.args[0]].op { trips } else { 1 };
+                trips * body.product_flops() as i64
+            }
             _ => 0,
         };
         self.nodes.iter().map(|n| flops(n).max(0) as u64).sum()
@@ -706,19 +709,19 @@ impl Graph {
         self.push(Op::DynamicSlice(sizes.to_vec()), args, Ty::new(dtype, sizes))
     }
 
-    /// The values `init` after `trips` runs of `body` (see [`Op::Loop`]),
-    /// which gets a graph of its own, the trip's number and the values.
-    pub fn counted_loop(&mut self, trips: i64, init: &[V], body: impl FnOnce(&mut Graph, V, &[V]) -> Vec<V>) -> Vec<V> {
+    /// The values `init` after `trips` (an i32 scalar) runs of `body` (see
+    /// [`Op::Loop`]), which gets a graph of its own, the trip's number and
+    /// the values.
+    pub fn counted_loop(&mut self, trips: V, init: &[V], body: impl FnOnce(&mut Graph, V, &[V]) -> Vec<V>) -> Vec<V> {
+        debug_assert_eq!(*self.ty(trips), Ty::new(DType::I32, &[]));
         let types: Vec<Ty> = init.iter().map(|&v| self.ty(v).clone()).collect();
-        if trips <= 0 {
-            return init.to_vec();
-        }
         let mut g = Graph::default();
         let trip = g.param(Ty::new(DType::I32, &[]));
         let values: Vec<V> = types.iter().map(|t| g.param(t.clone())).collect();
         g.outputs = body(&mut g, trip, &values);
         debug_assert!(g.outputs.iter().map(|&o| g.ty(o)).eq(&types), "a loop's body changes its values' types");
-        self.multi(Op::Loop { trips, body: std::sync::Arc::new(g) }, init, &types)
+        let args: Vec<V> = std::iter::once(trips).chain(init.iter().copied()).collect();
+        self.multi(Op::Loop(std::sync::Arc::new(g)), &args, &types)
     }
 
     /// Uniformly random bits of `dtype` (u32 or u64 shaped) from a u64[2] key.

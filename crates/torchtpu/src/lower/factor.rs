@@ -63,7 +63,7 @@ fn block(g: &mut Graph, a: V, rows: (i64, i64), cols: (i64, i64)) -> V {
 }
 
 /// The last two dimensions swapped.
-fn transpose(g: &mut Graph, a: V) -> V {
+pub(super) fn transpose(g: &mut Graph, a: V) -> V {
     let r = g.ty(a).rank() as i64;
     let perm: Vec<i64> = (0..r - 2).chain([r - 1, r - 2]).collect();
     g.transpose(a, &perm)
@@ -106,7 +106,8 @@ fn factor(g: &mut Graph, a: V) -> Lu {
     if ty.numel() == 0 {
         return Lu { lu: a, pivots, info };
     }
-    let out = g.counted_loop(m.min(n), &[a, pivots, info], |g, k, values| eliminate(g, k, values));
+    let trips = g.scalar(m.min(n) as f64, DType::I32);
+    let out = g.counted_loop(trips, &[a, pivots, info], |g, k, values| eliminate(g, k, values));
     Lu { lu: out[0], pivots: out[1], info: out[2] }
 }
 
@@ -196,7 +197,8 @@ fn permutation(g: &mut Graph, pivots: V, m: i64) -> V {
     let (batch, k) = (shape[..shape.len() - 1].to_vec(), shape[shape.len() - 1]);
     let r = shape.len();
     let perm = g.iota(DType::I64, &with(&batch, &[m]), r - 1);
-    let out = g.counted_loop(k, &[perm, pivots], |g, s, values| {
+    let trips = g.scalar(k as f64, DType::I32);
+    let out = g.counted_loop(trips, &[perm, pivots], |g, s, values| {
         let (perm, pivots) = (values[0], values[1]);
         let zero = g.scalar(0.0, DType::I32);
         let starts: Vec<V> = batch.iter().map(|_| zero).chain([s]).collect();
