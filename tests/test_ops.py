@@ -374,12 +374,13 @@ def test_elementwise_results_keep_their_operands_layout(case, layout, mode):
 
 
 def test_lu_of_a_larger_order_as_on_cpu():
-    """LU runs as a loop over its columns inside the program (its size does
-    not grow with the order: `lower/factor.rs`'s test), so a solve, an
-    inverse and a determinant of order 80 compile in about a second
-    (unrolled, order 64 took XLA:CPU 31 s and order 256 nearly 3 minutes)."""
+    """LU runs as loops over blocks of columns and the columns left inside
+    the program (its size does not grow with the order: `lower/factor.rs`'s
+    test), so a solve, an inverse and a determinant of order 90 compile in
+    under a second (unrolled, order 64 took XLA:CPU 11 s and order 256
+    nearly 3 minutes)."""
     g = torch.Generator().manual_seed(0)
-    a, b = torch.randn(2, 80, 80, generator=g, dtype=torch.float64), torch.randn(2, 80, 4, generator=g, dtype=torch.float64)
+    a, b = torch.randn(2, 90, 90, generator=g, dtype=torch.float64), torch.randn(2, 90, 4, generator=g, dtype=torch.float64)
     torchtpu.reset_metrics()
     x, inv, (sign, logdet) = (torch.linalg.solve(a.to("tpu"), b.to("tpu")), torch.linalg.inv(a.to("tpu")),
                               torch.linalg.slogdet(a.to("tpu")))

@@ -283,6 +283,7 @@ impl Emitter<'_, '_> {
             Op::DynamicSlice(sizes) => {
                 self.line(v, "stablehlo.dynamic_slice", &format!("slice_sizes = {}", array(sizes)))
             }
+            Op::DynamicUpdateSlice => self.line(v, "stablehlo.dynamic_update_slice", ""),
             Op::SetDimensionSize(d) => self.line(v, "stablehlo.set_dimension_size", &format!("dimension = {d} : i64")),
             Op::Pad { low, high, interior } => {
                 let attrs = format!(

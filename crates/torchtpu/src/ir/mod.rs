@@ -232,6 +232,9 @@ pub enum Op {
     /// A slice of these sizes at start indices `args[1..]` (i32 scalars),
     /// computed when the program runs.
     DynamicSlice(Vec<i64>),
+    /// The operand with `args[1]` written over it at start indices
+    /// `args[2..]` (i32 scalars, clamped as a dynamic slice's).
+    DynamicUpdateSlice,
     /// `body` run `args[0]` times (an i32 scalar, known when the program
     /// runs) on the loop-carried values (the other args): its parameters are
     /// the trip's number (an i32 scalar, from 0) and the values, its outputs
@@ -707,6 +710,13 @@ impl Graph {
         let dtype = self.ty(a).dtype;
         let args = std::iter::once(a).chain(starts.iter().copied()).collect();
         self.push(Op::DynamicSlice(sizes.to_vec()), args, Ty::new(dtype, sizes))
+    }
+
+    /// `a` with `update` written at `starts` (i32 scalars, one per dimension).
+    pub fn dynamic_update_slice(&mut self, a: V, update: V, starts: &[V]) -> V {
+        let ty = self.ty(a).clone();
+        let args = [a, update].into_iter().chain(starts.iter().copied()).collect();
+        self.push(Op::DynamicUpdateSlice, args, ty)
     }
 
     /// The values `init` after `trips` (an i32 scalar) runs of `body` (see

@@ -6,11 +6,13 @@
 //! "Eigh") that XLA's compilers expand into their own blocked Householder and
 //! Jacobi algorithms on every platform; "Qr" returns LAPACK's `geqrf` layout
 //! (R above the diagonal, reflectors below, and their scales). XLA has no LU
-//! expander (JAX calls LAPACK on CPU), so LU is written here: a loop over the
-//! columns ([`Op::Loop`](crate::ir::Op::Loop), so the program's size does not
-//! grow with the matrix's order), each step a pivot search, a row swap and a
-//! rank-1 update of the trailing block, on the whole matrix under masks (the
-//! loop's values keep one shape). Results follow LAPACK's
+//! expander (JAX calls LAPACK on CPU), so LU is written here, blocked as
+//! LAPACK's `getrf`, in loops ([`Op::Loop`](crate::ir::Op::Loop), so the
+//! program's size does not grow with the matrix's order): per block of
+//! columns, a panel factored column by column (a pivot search, a row swap and
+//! a rank-1 update each), its swaps applied to the rest, a triangular solve
+//! and one product for the trailing block; every step works on whole arrays
+//! under masks, since a loop's values keep one shape. Results follow LAPACK's
 //! `getrf`: the first row of largest magnitude is the pivot, the column is
 //! scaled by the pivot's reciprocal, and `info` names the first zero pivot.
 //!
@@ -24,7 +26,7 @@ use super::{op, Cx, Entry, UNDEFINED};
 use crate::ensure;
 use crate::error::{Kind, Result};
 use crate::ir::dtype::DType;
-use crate::ir::{broadcast_all, Graph, ReduceKind, Ty, V};
+use crate::ir::{broadcast_all, Graph, Precision, ReduceKind, Ty, V};
 use crate::lower::args::Tensor;
 
 pub static ENTRIES: &[Entry] = &[
@@ -98,6 +100,10 @@ struct Lu {
     info: V,
 }
 
+/// Columns per block of the blocked factorization; orders below two blocks
+/// run column by column.
+const BLOCK: i64 = 16;
+
 fn factor(g: &mut Graph, a: V) -> Lu {
     let ty = g.ty(a).clone();
     let (batch, m, n) = split(&ty.shape);
@@ -106,16 +112,82 @@ fn factor(g: &mut Graph, a: V) -> Lu {
     if ty.numel() == 0 {
         return Lu { lu: a, pivots, info };
     }
-    let trips = g.scalar(m.min(n) as f64, DType::I32);
-    let out = g.counted_loop(trips, &[a, pivots, info], |g, k, values| eliminate(g, k, values));
-    Lu { lu: out[0], pivots: out[1], info: out[2] }
+    let k = m.min(n);
+    let blocks = if k >= 2 * BLOCK { k / BLOCK } else { 0 };
+    let mut values = vec![a, pivots, info];
+    if blocks > 0 {
+        let trips = g.scalar(blocks as f64, DType::I32);
+        values = g.counted_loop(trips, &values, factor_block);
+    }
+    // The columns after the last block, one at a time.
+    let done = blocks * BLOCK;
+    if done < k {
+        let trips = g.scalar((k - done) as f64, DType::I32);
+        values = g.counted_loop(trips, &values, |g, t, values| {
+            let done = g.scalar(done as f64, DType::I32);
+            let col = g.binary("stablehlo.add", t, done);
+            let (a, pivots, info, _) = eliminate(g, col, col, values[0], values[1], values[2]);
+            vec![a, pivots, info]
+        });
+    }
+    Lu { lu: values[0], pivots: values[1], info: values[2] }
 }
 
-/// One step of the factorization, column `k` (an i32 scalar) of `[a,
-/// pivots, info]`: the pivot search, the row swap, and the update below
-/// and right of the pivot.
-fn eliminate(g: &mut Graph, k: V, values: &[V]) -> Vec<V> {
+/// Block `t` (an i32 scalar) of the factorization of `[a, pivots, info]`, as
+/// LAPACK's `getrf`: its columns factored as a panel, the panel's row swaps
+/// applied to the whole matrix, the block row right of it solved for U and
+/// the trailing block less one product.
+fn factor_block(g: &mut Graph, t: V, values: &[V]) -> Vec<V> {
     let (a, pivots, info) = (values[0], values[1], values[2]);
+    let ty = g.ty(a).clone();
+    let (batch, m, n) = split(&ty.shape);
+    let r = ty.rank();
+    let width = g.scalar(BLOCK as f64, DType::I32);
+    let first = g.binary("stablehlo.multiply", t, width);
+    let end = g.binary("stablehlo.add", first, width);
+    let zero = g.scalar(0.0, DType::I32);
+    let starts = |row: V, col: V| batch.iter().map(|_| zero).chain([row, col]).collect::<Vec<V>>();
+    let panel = g.dynamic_slice(a, &starts(zero, first), &with(&batch, &[m, BLOCK]));
+    let perm = g.iota(DType::I32, &with(&batch, &[m]), r - 2);
+    let trips = g.scalar(BLOCK as f64, DType::I32);
+    let out = g.counted_loop(trips, &[panel, pivots, info, perm, first], |g, c, values| {
+        let [panel, pivots, info, perm, first] = [values[0], values[1], values[2], values[3], values[4]];
+        let row = g.binary("stablehlo.add", first, c);
+        let (panel, pivots, info, p) = eliminate(g, row, c, panel, pivots, info);
+        let perm = swap(g, perm, r - 2, row, p);
+        vec![panel, pivots, info, perm, first]
+    });
+    let (panel, pivots, info, perm) = (out[0], out[1], out[2], out[3]);
+    let perm = g.convert(perm, DType::I64);
+    let a = permute_rows(g, a, perm, false);
+    let a = g.dynamic_update_slice(a, panel, &starts(zero, first));
+    // U's block row right of the panel: L11⁻¹ A12.
+    let row = g.dynamic_slice(a, &starts(first, zero), &with(&batch, &[BLOCK, n]));
+    let l11 = g.dynamic_slice(panel, &starts(first, zero), &with(&batch, &[BLOCK, BLOCK]));
+    let solved = g.triangular_solve(l11, row, true, true, true, false);
+    let right = index_is(g, end, &with(&batch, &[BLOCK, n]), r - 1, "GE");
+    let row = g.select(right, solved, row);
+    let a = g.dynamic_update_slice(a, row, &starts(first, zero));
+    // The trailing block less L21 U12 (both zero outside it).
+    let below = index_is(g, end, &with(&batch, &[m, BLOCK]), r - 2, "GE");
+    let zeros = splat(g, 0.0, panel);
+    let l21 = g.select(below, panel, zeros);
+    let zeros = splat(g, 0.0, row);
+    let u12 = g.select(right, row, zeros);
+    let product = g.matmul(l21, u12, Precision::Highest);
+    let updated = g.binary("stablehlo.subtract", a, product);
+    let below = index_is(g, end, &ty.shape, r - 2, "GE");
+    let right = index_is(g, end, &ty.shape, r - 1, "GE");
+    let trailing = g.binary("stablehlo.and", below, right);
+    vec![g.select(trailing, updated, a), pivots, info]
+}
+
+/// One column of the factorization: column `col` of `a` pivots on row
+/// `row` (i32 scalars; they differ in a panel of a blocked factorization,
+/// whose rows are the whole matrix's): the pivot search, the row swap, and
+/// the update below and right of the pivot. Also returns the pivot's row
+/// (i32, per matrix).
+fn eliminate(g: &mut Graph, row: V, col: V, a: V, pivots: V, info: V) -> (V, V, V, V) {
     let ty = g.ty(a).clone();
     let (batch, m, n) = split(&ty.shape);
     let r = ty.rank();
@@ -125,11 +197,11 @@ fn eliminate(g: &mut Graph, k: V, values: &[V]) -> Vec<V> {
         let starts: Vec<V> = batch.iter().map(|_| zero).chain([row, col]).collect();
         g.dynamic_slice(a, &starts, &with(&batch, sizes))
     };
-    // The pivot: the first row of largest magnitude at or below row k.
-    let column = at(g, a, zero, k, &[m, 1]);
+    // The pivot: the first row of largest magnitude at or below `row`.
+    let column = at(g, a, zero, col, &[m, 1]);
     let column = g.reshape(column, &with(&batch, &[m]));
     let magnitude = g.unary("stablehlo.abs", column);
-    let above = before(g, k, &with(&batch, &[m]), r - 2, "LT");
+    let above = index_is(g, row, &with(&batch, &[m]), r - 2, "LT");
     let never = splat(g, -1.0, magnitude);
     let magnitude = g.select(above, never, magnitude);
     let p = g.arg_reduce(magnitude, r - 2, true);
@@ -138,24 +210,18 @@ fn eliminate(g: &mut Graph, k: V, values: &[V]) -> Vec<V> {
     let numbered = g.binary("stablehlo.add", p, one);
     let shape = g.ty(pivots).shape.clone();
     let numbered = g.broadcast_in_dim(numbered, &shape, &(0..r as i64 - 2).collect::<Vec<_>>());
-    let here = before(g, k, &shape, r - 2, "EQ");
+    let here = index_is(g, row, &shape, r - 2, "EQ");
     let pivots = g.select(here, numbered, pivots);
-    let a = swap(g, a, r - 2, k, p);
+    let a = swap(g, a, r - 2, row, p);
     // info: the first zero pivot.
-    let pivot = at(g, a, k, k, &[1, 1]);
+    let pivot = at(g, a, row, col, &[1, 1]);
     let flat = g.reshape(pivot, &batch);
     let zeros = splat(g, 0.0, flat);
     let singular = g.compare("EQ", flat, zeros);
-    let no_info = g.full(0.0, DType::I32, &batch);
-    let first = g.compare("EQ", info, no_info);
-    let first = g.binary("stablehlo.and", first, singular);
-    let one = g.scalar(1.0, DType::I32);
-    let order = g.binary("stablehlo.add", k, one);
-    let order = g.broadcast_in_dim(order, &batch, &[]);
-    let info = g.select(first, order, info);
+    let info = note_failure(g, info, singular, row);
     // Scale the column below the pivot (by its reciprocal unless that
     // would overflow, as LAPACK's getf2) and update the trailing block.
-    let column = at(g, a, zero, k, &[m, 1]);
+    let column = at(g, a, zero, col, &[m, 1]);
     let pivot = g.broadcast_in_dim(pivot, &with(&batch, &[m, 1]), &all);
     let one = splat(g, 1.0, pivot);
     let reciprocal = g.binary("stablehlo.divide", one, pivot);
@@ -168,23 +234,35 @@ fn eliminate(g: &mut Graph, k: V, values: &[V]) -> Vec<V> {
     let zeros = splat(g, 0.0, pivot);
     let singular = g.compare("EQ", pivot, zeros);
     let l = g.select(singular, column, l);
-    let u = at(g, a, k, zero, &[1, n]);
+    let u = at(g, a, row, zero, &[1, n]);
     let l = g.broadcast_in_dim(l, &ty.shape, &all);
     let u = g.broadcast_in_dim(u, &ty.shape, &all);
     let product = g.binary("stablehlo.multiply", l, u);
     let updated = g.binary("stablehlo.subtract", a, product);
-    let below = before(g, k, &ty.shape, r - 2, "GT");
-    let right = before(g, k, &ty.shape, r - 1, "GT");
-    let on = before(g, k, &ty.shape, r - 1, "EQ");
+    let below = index_is(g, row, &ty.shape, r - 2, "GT");
+    let right = index_is(g, col, &ty.shape, r - 1, "GT");
+    let on = index_is(g, col, &ty.shape, r - 1, "EQ");
     let trailing = g.binary("stablehlo.and", below, right);
     let a = g.select(trailing, updated, a);
     let scaled = g.binary("stablehlo.and", below, on);
-    let a = g.select(scaled, l, a);
-    vec![a, pivots, info]
+    (g.select(scaled, l, a), pivots, info, p)
+}
+
+/// `info` (i32, per matrix) with order `step + 1` (`step` an i32 scalar)
+/// where `failed` holds and no earlier step failed: LAPACK's `info`.
+pub(super) fn note_failure(g: &mut Graph, info: V, failed: V, step: V) -> V {
+    let batch = g.ty(info).shape.clone();
+    let none = g.full(0.0, DType::I32, &batch);
+    let unset = g.compare("EQ", info, none);
+    let first = g.binary("stablehlo.and", failed, unset);
+    let one = g.scalar(1.0, DType::I32);
+    let order = g.binary("stablehlo.add", step, one);
+    let order = g.broadcast_in_dim(order, &batch, &[]);
+    g.select(first, order, info)
 }
 
 /// Where the index along `dim` of `shape` compares `dir` to `k` (an i32 scalar).
-fn before(g: &mut Graph, k: V, shape: &[i64], dim: usize, dir: &'static str) -> V {
+fn index_is(g: &mut Graph, k: V, shape: &[i64], dim: usize, dir: &'static str) -> V {
     let index = g.iota(DType::I32, shape, dim);
     let k = g.broadcast_in_dim(k, shape, &[]);
     g.compare(dir, index, k)
@@ -703,6 +781,8 @@ mod tests {
 
     #[test]
     fn lu_programs_do_not_grow_with_the_order() {
-        assert_eq!(factor_program(3), factor_program(300));
+        // Column by column below two blocks; blocks, then the columns left, above.
+        assert_eq!(factor_program(3), factor_program(2 * BLOCK - 1));
+        assert_eq!(factor_program(2 * BLOCK + 1), factor_program(300));
     }
 }

@@ -2,7 +2,7 @@
 //! multiply in float32 and round once, as PyTorch's CPU BLAS paths do.
 //! Checks and messages follow each op's CPU meta function and kernel.
 use super::elementwise::{cpp_name, full_like, no_bool, not_implemented, round_to};
-use super::factor::{check_info, transpose};
+use super::factor::{check_info, note_failure, transpose};
 use super::shape::{expand_check, keep_triangle};
 use super::{op, op_complex, Cx, Entry};
 use crate::ensure;
@@ -506,13 +506,7 @@ fn first_bad_minor(g: &mut Graph, a: V, failed: V) -> V {
         let zeros = g.full(0.0, ty.dtype, &batch);
         let positive = g.compare("GT", flat, zeros);
         let bad = g.unary("stablehlo.not", positive);
-        let unset = g.full(0.0, DType::I32, &batch);
-        let unset = g.compare("EQ", info, unset);
-        let first = g.binary("stablehlo.and", bad, unset);
-        let one = g.scalar(1.0, DType::I32);
-        let order = g.binary("stablehlo.add", j, one);
-        let order = g.broadcast_in_dim(order, &batch, &[]);
-        let info = g.select(first, order, info);
+        let info = note_failure(g, info, bad, j);
         // The column below the pivot over its root updates the trailing block.
         let column = at(g, zero, &[n, 1]);
         let root = g.unary("stablehlo.sqrt", pivot);
