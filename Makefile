@@ -63,6 +63,7 @@ bench: build $(VENV)/.models-installed $(VENV)/.kernels-installed
 	$(PY) bench/distributed.py
 	$(PY) bench/warm_cache.py
 	$(PY) bench/dynamic.py
+	$(PY) bench/linalg.py
 	$(PY) bench/overlap.py
 	$(PY) bench/program.py
 
