@@ -216,6 +216,22 @@ def test_multi_margin_loss_of_half_types_follows_cuda(dtype):
     torch.testing.assert_close(tpu_x.grad.cpu(), cpu_x.grad.to(dtype))
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_avg_pool3d_of_half_types_follows_cuda(dtype):
+    """CPU's 3-d average pooling takes no float16 or bfloat16; CUDA's does
+    (summed in float32); its gradient too."""
+    x = torch.randn(2, 3, 5, 6, 7).to(dtype)
+    tpu_x = x.to("tpu").requires_grad_()
+    actual = torch.nn.functional.avg_pool3d(tpu_x, 3, stride=2, padding=1, count_include_pad=False)
+    actual.backward(torch.ones_like(actual))
+    cpu_x = x.float().requires_grad_()
+    expected = torch.nn.functional.avg_pool3d(cpu_x, 3, stride=2, padding=1, count_include_pad=False)
+    expected.backward(torch.ones_like(expected))
+    assert actual.dtype == tpu_x.grad.dtype == dtype
+    torch.testing.assert_close(actual.cpu(), expected.to(dtype))
+    torch.testing.assert_close(tpu_x.grad.cpu(), cpu_x.grad.to(dtype))
+
+
 def test_precision_probes():
     """What libraries ask a device module before choosing bf16 mixed precision
     (Accelerate, Lightning, transformers' `is_torch_bf16_gpu_available`-style checks)."""

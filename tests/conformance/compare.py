@@ -292,7 +292,8 @@ def expect_same_error(error, fn, *args):
 # checks the values against CUDA's formula.
 CUDA_DTYPES = {"histc": (torch.int64,), "trace": (torch.bool,),
                "_upsample_bilinear2d_aa": (torch.bfloat16, torch.float16),
-               "nn.functional.multi_margin_loss": (torch.bfloat16, torch.float16)}
+               "nn.functional.multi_margin_loss": (torch.bfloat16, torch.float16),
+               "nn.functional.avg_pool3d": (torch.bfloat16, torch.float16)}
 
 
 def expect_same(name, fn, sample, on_tpu=call):

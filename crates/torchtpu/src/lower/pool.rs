@@ -307,12 +307,11 @@ fn avg_divisor(cx: &mut Cx, w: &Window, shape: &[i64], dtype: DType) -> Result<V
 
 fn avg_pool(cx: &mut Cx, d: usize) -> Result<Vec<V>> {
     let t = cx.meta("self")?;
-    // CPU's 3-d kernel takes floating types (but reduced ones) and int64.
-    if d == 3 && matches!(t.dtype, DType::Bool | DType::BF16 | DType::F16) {
-        return Err(not_implemented("avg_pool3d_out_frame", t.dtype));
-    }
+    // CPU's 3-d kernel takes no float16 or bfloat16, CUDA's does (summed in
+    // float32, as here): tpu follows CUDA.
     if t.dtype == DType::Bool {
-        return Err(not_implemented(&format!("avg_pool{d}d"), t.dtype));
+        let kernel = if d == 3 { "avg_pool3d_out_frame".into() } else { format!("avg_pool{d}d") };
+        return Err(not_implemented(&kernel, t.dtype));
     }
     let w = window(cx, d, t.sizes)?;
     let ct = opmath(t.dtype);
