@@ -187,6 +187,17 @@ def test_trace_of_bool_follows_cuda():
     assert actual.dtype == torch.int64 and actual.item() == 1
 
 
+def test_abs_of_bool_follows_cuda():
+    """CPU's abs rejects bool; CUDA's keeps it as it is, and so `softsign`
+    of bool (x / (1 + |x|)) runs there too."""
+    x = torch.tensor([True, False, True])
+    assert torch.equal(torch.abs(x.to("tpu")).cpu(), x)
+    y = x.to("tpu")
+    y.abs_()
+    assert torch.equal(y.cpu(), x)
+    torch.testing.assert_close(torch.nn.functional.softsign(x.to("tpu")).cpu(), x / (1 + x.long()))
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_antialiased_resize_of_half_types_follows_cuda(dtype):
     """CPU's antialiased resize takes float32 and float64 only; CUDA's also

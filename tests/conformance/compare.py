@@ -290,7 +290,8 @@ def expect_same_error(error, fn, *args):
 # libraries that treat every accelerator like CUDA expect (histc of integers:
 # transformers' MoE routing). The call must succeed; test_accelerator.py
 # checks the values against CUDA's formula.
-CUDA_DTYPES = {"histc": (torch.int64,), "trace": (torch.bool,),
+CUDA_DTYPES = {"histc": (torch.int64,), "trace": (torch.bool,), "abs": (torch.bool,),
+               "nn.functional.softsign": (torch.bool,),
                "_upsample_bilinear2d_aa": (torch.bfloat16, torch.float16),
                "nn.functional.multi_margin_loss": (torch.bfloat16, torch.float16),
                "nn.functional.avg_pool3d": (torch.bfloat16, torch.float16)}

@@ -1294,7 +1294,12 @@ fn signbit(cx: &mut Cx) -> Result<Vec<V>> {
 /// The argument of a real number: π below 0, else 0 (NaN stays NaN).
 /// |x|; of a complex x, its magnitude in the parts' dtype.
 fn abs(cx: &mut Cx) -> Result<Vec<V>> {
-    if !cx.meta("self")?.dtype.is_complex() {
+    let dtype = cx.meta("self")?.dtype;
+    // CPU rejects bool, CUDA keeps it as it is (so `softsign` of bool runs): tpu follows CUDA.
+    if dtype == DType::Bool {
+        return Ok(vec![cx.tensor("self")?]);
+    }
+    if !dtype.is_complex() {
         return same_unary(cx, "stablehlo.abs", not_implemented("abs_cpu", DType::Bool));
     }
     if cx.op.inplace {
