@@ -1,6 +1,7 @@
 """torch.compile on tpu: Dynamo graphs lowered by the op table into one
 program per graph, against CPU eager."""
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -232,6 +233,31 @@ def test_graph_that_reads_values_runs_op_by_op():
         out = torch.compile(f, backend="tpu")(x.to("tpu"))
     torch.testing.assert_close(out.cpu(), f(x))
     assert len(compiled_metrics()["eager_graphs"]) == 1
+
+
+def test_linear_algebra_with_its_checks_compiles():
+    """`linalg.solve`, `inv` and `cholesky` end with a check AOTAutograd
+    orders by an effect token (None when the graph runs): CPU's values and
+    gradients, and CPU's error for a singular matrix, raised by the call."""
+    def f(a, b):
+        spd = a @ a.mT + torch.eye(4, device=a.device)
+        return torch.linalg.solve(a, b) + torch.linalg.inv(a) @ b + torch.linalg.cholesky(spd) @ b
+
+    g = torch.Generator().manual_seed(0)
+    a, b = torch.randn(2, 4, 4, generator=g), torch.randn(2, 4, 3, generator=g)
+    tpu = [t.to("tpu").requires_grad_() for t in (a, b)]
+    cpu = [t.clone().requires_grad_() for t in (a, b)]
+    compiled = torch.compile(f, backend="tpu")
+    out = compiled(*tpu)
+    out.sum().backward()
+    f(*cpu).sum().backward()
+    torch.testing.assert_close(out.cpu(), f(a, b), rtol=1e-4, atol=1e-4)
+    for t, c in zip(tpu, cpu):
+        torch.testing.assert_close(t.grad.cpu(), c.grad, rtol=1e-4, atol=1e-4)
+    singular = a.clone()
+    singular[1] = 0
+    with pytest.raises(torch.linalg.LinAlgError, match=re.escape("(Batch element 1): The solver failed")):
+        compiled(singular.to("tpu"), b.to("tpu"))
 
 
 def test_graph_break_runs_in_eager_mode():

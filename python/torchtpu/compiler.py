@@ -14,6 +14,7 @@ is imported until something is compiled.
 """
 import functools
 import itertools
+import operator
 import weakref
 
 import torch
@@ -110,11 +111,15 @@ class Graph:
         # An instance attribute: AOTAutograd's wrappers copy `__dict__`.
         self._boxed_call = True
         _views_as_reshapes(gm)
+        _effects_in_order(gm)
         self.gm = gm
         self.name = name
         self.id = _C.graph_new(name)
         weakref.finalize(self, _C.graph_free, self.id)
-        self.tensors = [i for i, x in enumerate(example_inputs) if isinstance(x, torch.Tensor)]
+        # Inputs the graph no longer reads (effect tokens) are not passed.
+        used = [bool(p.users) for p in gm.graph.find_nodes(op="placeholder")]
+        self.n_inputs = len(example_inputs)
+        self.tensors = [i for i, x in enumerate(example_inputs) if isinstance(x, torch.Tensor) and used[i]]
         self.numbers = [i for i, x in enumerate(example_inputs) if not isinstance(x, torch.Tensor)]
         outputs = gm.graph.output_node().args[0]
         self.n_outputs = len(outputs)
@@ -158,7 +163,7 @@ class Graph:
         return result
 
     def _arguments(self, tensors, numbers):
-        args = [None] * (len(tensors) + len(numbers))
+        args = [None] * self.n_inputs
         for i, t in zip(self.tensors, tensors):
             args[i] = t
         for i, x in zip(self.numbers, numbers):
@@ -193,6 +198,31 @@ def _views_as_reshapes(gm):
     functional: nothing writes through them)."""
     for node in gm.graph.find_nodes(op="call_function", target=torch.ops.aten.view.default):
         node.target = torch.ops.aten.reshape.default
+    gm.recompile()
+
+
+def _effects_in_order(gm):
+    """AOTAutograd threads a token through side-effectful ops
+    (`with_effects`: the checks of `linalg.inv`, `solve`, `cholesky`) to keep
+    their order, and passes None for it at run time, discarding the tokens
+    returned. A graph here runs its ops in order anyway: each becomes its
+    plain call, and each token None."""
+    g = gm.graph
+    for node in list(g.find_nodes(op="call_function", target=torch.ops.higher_order.with_effects)):
+        _token, op, *args = node.args
+        with g.inserting_before(node):
+            call = g.call_function(op, tuple(args), node.kwargs)
+        for user in list(node.users):
+            i = user.args[1]
+            if i == 0:
+                user.replace_all_uses_with(None)
+            elif len(node.meta.get("val", ())) == 2:
+                user.replace_all_uses_with(call)
+            else:
+                with g.inserting_before(user):
+                    user.replace_all_uses_with(g.call_function(operator.getitem, (call, i - 1)))
+            g.erase_node(user)
+        g.erase_node(node)
     gm.recompile()
 
 
