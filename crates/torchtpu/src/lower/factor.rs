@@ -1,6 +1,7 @@
 //! Matrix factorizations and what is built on them: LU with partial
-//! pivoting (solves, inverses, determinants), QR and the symmetric
-//! eigendecomposition.
+//! pivoting (solves, inverses, determinants), QR, the symmetric
+//! eigendecomposition, and which leading minor a failed Cholesky
+//! factorization (`stablehlo.cholesky`, in `linalg.rs`) stopped at.
 //!
 //! QR and eigh are XLA custom calls ("Qr", "ProductOfElementaryHouseholderReflectors",
 //! "Eigh") that XLA's compilers expand into their own blocked Householder and
@@ -146,7 +147,7 @@ fn factor_block(g: &mut Graph, t: V, values: &[V]) -> Vec<V> {
     let first = g.binary("stablehlo.multiply", t, width);
     let end = g.binary("stablehlo.add", first, width);
     let zero = g.scalar(0.0, DType::I32);
-    let starts = |row: V, col: V| batch.iter().map(|_| zero).chain([row, col]).collect::<Vec<V>>();
+    let starts = |row: V, col: V| matrix_starts(&batch, zero, row, col);
     let panel = g.dynamic_slice(a, &starts(zero, first), &with(&batch, &[m, BLOCK]));
     let perm = g.iota(DType::I32, &with(&batch, &[m]), r - 2);
     let trips = g.scalar(BLOCK as f64, DType::I32);
@@ -194,8 +195,7 @@ fn eliminate(g: &mut Graph, row: V, col: V, a: V, pivots: V, info: V) -> (V, V, 
     let all: Vec<i64> = (0..r as i64).collect();
     let zero = g.scalar(0.0, DType::I32);
     let at = |g: &mut Graph, a: V, row: V, col: V, sizes: &[i64]| {
-        let starts: Vec<V> = batch.iter().map(|_| zero).chain([row, col]).collect();
-        g.dynamic_slice(a, &starts, &with(&batch, sizes))
+        g.dynamic_slice(a, &matrix_starts(&batch, zero, row, col), &with(&batch, sizes))
     };
     // The pivot: the first row of largest magnitude at or below `row`.
     let column = at(g, a, zero, col, &[m, 1]);
@@ -250,7 +250,7 @@ fn eliminate(g: &mut Graph, row: V, col: V, a: V, pivots: V, info: V) -> (V, V, 
 
 /// `info` (i32, per matrix) with order `step + 1` (`step` an i32 scalar)
 /// where `failed` holds and no earlier step failed: LAPACK's `info`.
-pub(super) fn note_failure(g: &mut Graph, info: V, failed: V, step: V) -> V {
+fn note_failure(g: &mut Graph, info: V, failed: V, step: V) -> V {
     let batch = g.ty(info).shape.clone();
     let none = g.full(0.0, DType::I32, &batch);
     let unset = g.compare("EQ", info, none);
@@ -259,6 +259,12 @@ pub(super) fn note_failure(g: &mut Graph, info: V, failed: V, step: V) -> V {
     let order = g.binary("stablehlo.add", step, one);
     let order = g.broadcast_in_dim(order, &batch, &[]);
     g.select(first, order, info)
+}
+
+/// Start indices (i32 scalars) at `row` and `col` of each trailing matrix
+/// (`zero` for the `batch` dimensions).
+fn matrix_starts(batch: &[i64], zero: V, row: V, col: V) -> Vec<V> {
+    batch.iter().map(|_| zero).chain([row, col]).collect()
 }
 
 /// Where the index along `dim` of `shape` compares `dir` to `k` (an i32 scalar).
@@ -640,6 +646,49 @@ fn slogdet(cx: &mut Cx) -> Result<Vec<V>> {
     let logs = cx.g.unary("stablehlo.log", magnitude);
     let logabsdet = cx.g.reduce(ReduceKind::Sum, logs, &[r - 1]);
     Ok(vec![sign, logabsdet, lu.lu, lu.pivots])
+}
+
+// ------------------------------------------------------------------ Cholesky
+
+/// Per matrix, the order of the first leading minor of `a` (its lower
+/// triangle read, as LAPACK's `potrf`) that is not positive-definite, or 0:
+/// the first pivot of the unblocked factorization that is not positive. The
+/// loop runs only where `failed` (a bool scalar) holds: no trip otherwise.
+pub(super) fn first_bad_minor(g: &mut Graph, a: V, failed: V) -> V {
+    let ty = g.ty(a).clone();
+    let (batch, _, n) = split(&ty.shape);
+    let r = ty.rank();
+    let (count, none) = (g.scalar(n as f64, DType::I32), g.scalar(0.0, DType::I32));
+    let trips = g.select(failed, count, none);
+    let info = g.full(0.0, DType::I32, &batch);
+    let out = g.counted_loop(trips, &[a, info], |g, j, values| {
+        let (a, info) = (values[0], values[1]);
+        let all: Vec<i64> = (0..r as i64).collect();
+        let zero = g.scalar(0.0, DType::I32);
+        let at = |g: &mut Graph, row: V, sizes: &[i64]| {
+            g.dynamic_slice(a, &matrix_starts(&batch, zero, row, j), &with(&batch, sizes))
+        };
+        let pivot = at(g, j, &[1, 1]);
+        let flat = g.reshape(pivot, &batch);
+        let zeros = g.full(0.0, ty.dtype, &batch);
+        let positive = g.compare("GT", flat, zeros);
+        let bad = g.unary("stablehlo.not", positive);
+        let info = note_failure(g, info, bad, j);
+        // The column below the pivot over its root updates the trailing block.
+        let column = at(g, zero, &[n, 1]);
+        let root = g.unary("stablehlo.sqrt", pivot);
+        let root = g.broadcast_in_dim(root, &with(&batch, &[n, 1]), &all);
+        let l = g.binary("stablehlo.divide", column, root);
+        let lt = transpose(g, l);
+        let (l, lt) = (g.broadcast_in_dim(l, &ty.shape, &all), g.broadcast_in_dim(lt, &ty.shape, &all));
+        let product = g.binary("stablehlo.multiply", l, lt);
+        let updated = g.binary("stablehlo.subtract", a, product);
+        let below = index_is(g, j, &ty.shape, r - 2, "GT");
+        let right = index_is(g, j, &ty.shape, r - 1, "GT");
+        let trailing = g.binary("stablehlo.and", below, right);
+        vec![g.select(trailing, updated, a), info]
+    });
+    out[1]
 }
 
 // ------------------------------------------------------------------ QR and eigh

@@ -2,7 +2,7 @@
 //! multiply in float32 and round once, as PyTorch's CPU BLAS paths do.
 //! Checks and messages follow each op's CPU meta function and kernel.
 use super::elementwise::{cpp_name, full_like, no_bool, not_implemented, round_to};
-use super::factor::{check_info, note_failure, transpose};
+use super::factor::{check_info, first_bad_minor, transpose};
 use super::shape::{expand_check, keep_triangle};
 use super::{op, op_complex, Cx, Entry};
 use crate::ensure;
@@ -479,50 +479,6 @@ fn cholesky(cx: &mut Cx) -> Result<Vec<V>> {
         );
     }
     Ok(vec![f, info])
-}
-
-/// Per matrix, the order of the first leading minor of `a` (its lower
-/// triangle read, as LAPACK's `potrf`) that is not positive-definite, or 0:
-/// the first pivot of the unblocked factorization that is not positive. The
-/// loop runs only where `failed` (a bool scalar) holds: no trip otherwise.
-fn first_bad_minor(g: &mut Graph, a: V, failed: V) -> V {
-    let ty = g.ty(a).clone();
-    let r = ty.rank();
-    let (batch, n) = (ty.shape[..r - 2].to_vec(), ty.shape[r - 1]);
-    let shape = |tail: &[i64]| batch.iter().chain(tail).copied().collect::<Vec<i64>>();
-    let (count, none) = (g.scalar(n as f64, DType::I32), g.scalar(0.0, DType::I32));
-    let trips = g.select(failed, count, none);
-    let info = g.full(0.0, DType::I32, &batch);
-    let out = g.counted_loop(trips, &[a, info], |g, j, values| {
-        let (a, info) = (values[0], values[1]);
-        let all: Vec<i64> = (0..r as i64).collect();
-        let zero = g.scalar(0.0, DType::I32);
-        let at = |g: &mut Graph, row: V, sizes: &[i64]| {
-            let starts: Vec<V> = batch.iter().map(|_| zero).chain([row, j]).collect();
-            g.dynamic_slice(a, &starts, &shape(sizes))
-        };
-        let pivot = at(g, j, &[1, 1]);
-        let flat = g.reshape(pivot, &batch);
-        let zeros = g.full(0.0, ty.dtype, &batch);
-        let positive = g.compare("GT", flat, zeros);
-        let bad = g.unary("stablehlo.not", positive);
-        let info = note_failure(g, info, bad, j);
-        // The column below the pivot over its root updates the trailing block.
-        let column = at(g, zero, &[n, 1]);
-        let root = g.unary("stablehlo.sqrt", pivot);
-        let root = g.broadcast_in_dim(root, &shape(&[n, 1]), &all);
-        let l = g.binary("stablehlo.divide", column, root);
-        let lt = transpose(g, l);
-        let (l, lt) = (g.broadcast_in_dim(l, &ty.shape, &all), g.broadcast_in_dim(lt, &ty.shape, &all));
-        let product = g.binary("stablehlo.multiply", l, lt);
-        let updated = g.binary("stablehlo.subtract", a, product);
-        let (rows, cols) = (g.iota(DType::I32, &ty.shape, r - 2), g.iota(DType::I32, &ty.shape, r - 1));
-        let j = g.broadcast_in_dim(j, &ty.shape, &[]);
-        let (below, right) = (g.compare("GT", rows, j), g.compare("GT", cols, j));
-        let trailing = g.binary("stablehlo.and", below, right);
-        vec![g.select(trailing, updated, a), info]
-    });
-    out[1]
 }
 
 /// True on the main diagonal of each trailing matrix of `shape`.
