@@ -3,6 +3,7 @@ import os
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import torchtpu
 from conftest import CPU_PLUGIN, run_python, synced
@@ -103,6 +104,18 @@ def test_number_argument_rules(mode):
     assert synced(lambda: torch.zeros(2, dtype=torch.uint8, device="tpu").fill_(-1)).tolist() == [255, 255]
     assert synced(lambda: torch.zeros(1, dtype=torch.float16, device="tpu").fill_(float("-inf"))).item() == float("-inf")
     assert synced(lambda: torch.arange(3, device="tpu") ** torch.tensor(-1, device="tpu")).tolist() == [0, 1, 0]
+
+
+def test_ctc_loss_length_rules(mode):
+    """CTC's lengths are data its programs do not carry: CPU's checks of
+    their values run on each call (a call that fails them runs on the CPU,
+    which raises its error)."""
+    log_probs, targets = torch.randn(10, 3, 5).log_softmax(2), torch.randint(1, 5, (3, 4))
+    for input_lengths, target_lengths in [([11, 3, 3], [2, 2, 2]), ([-1, 3, 3], [2, 2, 2]), ([3, 3, 3], [-2, 2, 2]),
+                                          ([3, 3, 3], [5, 2, 2]), ([3, 3], [2, 2])]:
+        raises_like_cpu(lambda x, t: F.ctc_loss(x, t, input_lengths, target_lengths), log_probs, targets)
+    raises_like_cpu(lambda x, t: F.ctc_loss(x, t, [3, 3, 3], [2, 2, 2]), log_probs, targets.flatten()[:5])
+    raises_like_cpu(lambda x, t: F.ctc_loss(x, t, [3, 3, 3], [2, 2, 2], blank=5), log_probs, targets)
 
 
 def test_integer_division_by_zero(mode):

@@ -323,6 +323,64 @@ def test_mse_loss_errors():
     compare_error(lambda x, y: torch.ops.aten.mse_loss(x, y, 1), randn(3, 4), randn(5))
 
 
+# ------------------------------------------------------------------ CTC loss
+
+# (input lengths, target lengths, targets flat, blank, repeated labels): full
+# and short inputs, empty inputs and targets, targets longer than their input
+# (an infinite loss; under zero_infinity a zero), labels repeated (no skip
+# between equal labels), a blank other than 0.
+CTC_CASES = {
+    "padded": ([20, 15, 8], [5, 3, 2], False, 0, False),
+    "concatenated": ([20, 15, 8], [5, 3, 2], True, 0, False),
+    "blank_3": ([20, 15, 8], [5, 3, 2], False, 3, False),
+    "repeats": ([20, 15, 8], [5, 3, 2], True, 0, True),
+    "empty": ([20, 0, 3, 2], [0, 0, 3, 4], False, 0, False),
+    "too_long": ([4, 4], [6, 2], True, 0, False),
+}
+
+
+@pytest.mark.one_mode
+@pytest.mark.parametrize("case", CTC_CASES)
+@pytest.mark.parametrize("zero_infinity", [False, True], ids=["inf", "zero_inf"])
+def test_ctc_loss_as_on_cpu(case, zero_infinity, mode):
+    """Values and gradients of every reduction, float64 (float32 and int32
+    targets once), against CPU's kernel: no fallback."""
+    input_lengths, target_lengths, flat, blank, repeats = CTC_CASES[case]
+    n, classes = len(input_lengths), 6
+    log_probs = torch.randn(20, n, classes, dtype=torch.float64).log_softmax(2)
+    labels = torch.tensor([c for c in range(classes) if c != blank])
+    targets = labels[torch.randint(0, len(labels), (n, 8))]
+    if repeats:
+        targets[:, 1::2] = targets[:, 0::2]
+    if flat:
+        targets = torch.cat([targets[i, :length] for i, length in enumerate(target_lengths)])
+    for reduction in ("none", "sum", "mean"):
+        compare(lambda x, t: F.ctc_loss(x, t, input_lengths, target_lengths, blank=blank, reduction=reduction,
+                                        zero_infinity=zero_infinity), log_probs, targets, grad=True)
+    if case == "padded":
+        compare(lambda x, t: F.ctc_loss(x, t, torch.tensor(input_lengths), torch.tensor(target_lengths)),
+                log_probs.float(), targets.int(), grad=True)
+
+
+def test_ctc_loss_with_new_lengths_compiles_nothing():
+    """The lengths are the program's data: a training step of new lengths
+    (same shapes) runs the program the first one compiled."""
+    layer = torch.nn.Linear(8, 10).to("tpu")
+    targets = torch.randint(1, 10, (4, 12), device="tpu")
+
+    def step(input_lengths, target_lengths):
+        loss = F.ctc_loss(layer(torch.randn(40, 4, 8, device="tpu")).log_softmax(2), targets, input_lengths, target_lengths)
+        loss.backward()
+        return loss.item()
+
+    for _ in range(2):  # the second step accumulates into the first's gradients
+        step(torch.tensor([40, 30, 20, 10]), torch.tensor([9, 5, 4, 3]))
+    compiled = torchtpu.metrics()["compilations"]
+    for _ in range(3):
+        step(torch.randint(20, 41, (4,)), torch.randint(1, 12, (4,)))
+    assert torchtpu.metrics()["compilations"] == compiled
+
+
 # ------------------------------------------------------------------ dropout
 
 

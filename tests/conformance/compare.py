@@ -105,6 +105,10 @@ TOLERANCES = {
     # The gradient's formula cancels nearly equal exponential sums: CPU's
     # float32 result is itself ~1e-3 off a float64 computation there.
     "logcumsumexp": {torch.float32: dict(atol=1e-2, rtol=5e-3)},
+    # CTC's gradient `exp(lp) - exp(log-sum + nll - lp)` cancels after 50 steps
+    # of log-sums near -100: CPU's float32 gradient is itself 2-3e-5 from a
+    # float64 computation, tpu's as far, elsewhere.
+    "nn.functional.ctc_loss": {torch.float32: dict(atol=1e-4, rtol=1.3e-6)},
     # Gradients that cancel in float32, found by the full float32 sweep (not
     # at CI's or LIMIT=8's samples): cov's weighted-mean correction (up to 7
     # ulp of values near 18) and masked cumprod's division by running

@@ -308,6 +308,8 @@ fn write_signature(key: &mut Key, id: u64, runtime: impl Fn(usize) -> bool, args
                     }
                 }
                 Arg::Bool(b) => scalar(key, 107, *b as u64),
+                // Data (CTC's lengths): the values are the program's input.
+                Arg::Ints(v) if runtime => key.extend([114, v.len() as u64]),
                 Arg::Ints(v) => {
                     key.extend([109, v.len() as u64]);
                     key.extend(v.iter().map(|&x| x as u64));
@@ -628,6 +630,14 @@ fn input_buffer(plan: &Plan, input: &Input, args: &[Arg], device: usize, padded:
             };
             upload_scalar(&bytes[..n], dtype, device)
         }
+        Input::Ints { arg } => match &args[arg] {
+            Arg::Ints(v) => upload(
+                &v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>(),
+                Ty::new(DType::I64, &[v.len() as i64]),
+                device,
+            ),
+            _ => Err(Error::runtime("torchtpu: a data input is not an int list")),
+        },
         Input::Seed { arg } => {
             let seed = match arg.map(|a| &args[a]) {
                 Some(Arg::Seed(s)) => *s,

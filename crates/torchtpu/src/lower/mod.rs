@@ -29,6 +29,7 @@ mod attention;
 mod bag;
 mod bessel;
 mod conv;
+mod ctc;
 mod distance;
 mod elementwise;
 mod factor;
@@ -67,6 +68,10 @@ pub struct Entry {
     /// `Scalar`/`float` arguments this lowering needs as compile-time
     /// constants (shape-determining ones); all others are runtime operands.
     pub consts: &'static [&'static str],
+    /// `int[]` arguments that are data, not shapes (CTC's lengths): runtime
+    /// operands (an i64 vector, [`Cx::data_list`]), keyed by their length
+    /// only, so that new values reuse the program.
+    pub data: &'static [&'static str],
     /// Arguments the operator mutates though its schema does not mark them.
     pub writes: &'static [&'static str],
     /// For operators whose result shapes depend on values (`nonzero`): a
@@ -89,6 +94,7 @@ pub const fn op(name: &'static str, lower: Lowering) -> Entry {
         name,
         lower,
         consts: &[],
+        data: &[],
         writes: &[],
         measure: None,
         complex: false,
@@ -109,6 +115,10 @@ impl Entry {
     /// The entry with CPU's rules on its runtime numbers' values.
     pub const fn ruled(self, rules: rules::Rules) -> Entry {
         Entry { rules: Some(rules), ..self }
+    }
+    /// The entry, whose `int[]` arguments `data` are runtime operands.
+    pub const fn with_data(self, data: &'static [&'static str]) -> Entry {
+        Entry { data, ..self }
     }
 }
 
@@ -137,6 +147,7 @@ fn table() -> impl Iterator<Item = &'static Entry> {
         attention::ENTRIES,
         bag::ENTRIES,
         conv::ENTRIES,
+        ctc::ENTRIES,
         distance::ENTRIES,
         elementwise::ENTRIES,
         factor::ENTRIES,
@@ -289,8 +300,8 @@ impl OpDef {
     /// the compiled program).
     pub fn is_runtime(&self, i: usize) -> bool {
         let a = &self.args[i];
-        matches!(a.ty.as_str(), "Scalar" | "Scalar?" | "float" | "float?")
-            && !self.entry.consts.contains(&a.name.as_str())
+        let number = matches!(a.ty.as_str(), "Scalar" | "Scalar?" | "float" | "float?");
+        (number && !self.entry.consts.contains(&a.name.as_str())) || self.entry.data.contains(&a.name.as_str())
     }
 }
 
@@ -375,6 +386,8 @@ pub enum Input {
     Host { arg: usize, item: usize },
     /// A `Scalar`/`float` argument, carried as `dtype` (i64, f64 or bool).
     Scalar { arg: usize, dtype: DType },
+    /// An `int[]` argument that is data ([`Entry::data`]), as an i64 vector.
+    Ints { arg: usize },
     /// A u64[2] random key: drawn from the `Generator?` argument, or from
     /// the default generator when `arg` is None.
     Seed { arg: Option<usize> },
@@ -500,6 +513,9 @@ impl<'a> Cx<'a> {
 
     /// An int list (a single int reads as a one-element list).
     pub fn ints(&self, name: &str) -> Result<Vec<i64>> {
+        if self.op.is_runtime(self.index(name)?) {
+            return Err(Error::runtime(format!("torchtpu: {}: '{name}' is a runtime operand", self.op.name)));
+        }
         match self.arg(name)? {
             Arg::Ints(v) => Ok(v.to_vec()),
             Arg::Int(i) => Ok(vec![*i]),
@@ -670,6 +686,17 @@ impl<'a> Cx<'a> {
                 Ok(Operand { v, dtype, priority: Priority::Wrapped })
             }
             _ => Err(self.bad(name, "a tensor or a number")),
+        }
+    }
+
+    /// An `int[]` argument of the entry's `data` as a runtime i64 vector.
+    pub fn data_list(&mut self, name: &str) -> Result<V> {
+        let arg = self.index(name)?;
+        match self.args[arg] {
+            Arg::Ints(v) if self.op.is_runtime(arg) => {
+                Ok(self.param(Ty::new(DType::I64, &[v.len() as i64]), Input::Ints { arg }))
+            }
+            _ => Err(self.bad(name, "a data int list")),
         }
     }
 
