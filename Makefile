@@ -64,6 +64,7 @@ bench: build $(VENV)/.models-installed $(VENV)/.kernels-installed
 	$(PY) bench/warm_cache.py
 	$(PY) bench/dynamic.py
 	$(PY) bench/linalg.py
+	$(PY) bench/ctc.py
 	$(PY) bench/overlap.py
 	$(PY) bench/program.py
 
