@@ -81,6 +81,15 @@ def _bn_image_batch(g):
     return _image_batch(g, BN_IMAGE)
 
 
+def _speech_batch(g):
+    """Two clips and CTC labels whose lengths change from batch to batch
+    (their total stays, so the targets `masked_select` keeps its size)."""
+    lengths = torch.tensor([3, 7])[torch.randperm(2, generator=g)]
+    labels = torch.randint(1, VOCAB // 4, (BATCH, 7), generator=g)
+    labels[torch.arange(7) >= lengths[:, None]] = -100
+    return dict(input_values=torch.randn(BATCH, 1600, generator=g), labels=labels)
+
+
 def _hf_loss(model, batch):
     return model(**batch).loss
 
@@ -136,6 +145,15 @@ def _hf_vit():
         attention_probs_dropout_prob=0.0, num_labels=CLASSES))
 
 
+def _wav2vec2_ctc():
+    from transformers import Wav2Vec2Config, Wav2Vec2ForCTC
+    return Wav2Vec2ForCTC(Wav2Vec2Config(
+        vocab_size=VOCAB // 4, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+        conv_dim=(32, 32), conv_stride=(5, 2), conv_kernel=(10, 3), num_conv_pos_embeddings=16,
+        num_conv_pos_embedding_groups=2, hidden_dropout=0.0, attention_dropout=0.0, activation_dropout=0.0,
+        feat_proj_dropout=0.0, final_dropout=0.0, layerdrop=0.0, mask_time_prob=0.0, pad_token_id=0))
+
+
 def _resnet18():
     return torchvision.models.resnet18(num_classes=CLASSES)
 
@@ -167,6 +185,7 @@ MODELS = {
     "bert_mlm": (_bert, _mlm_batch, _hf_loss, _adamw, False),
     "t5": (_t5, _seq2seq_batch, _hf_loss, _adamw, True),
     "hf_vit": (_hf_vit, _image_batch, _hf_loss, _adamw, False),
+    "wav2vec2_ctc": (_wav2vec2_ctc, _speech_batch, _hf_loss, _adamw, False),
     "resnet18": (_resnet18, _bn_image_batch, _vision_loss, _sgd, False),
     "mobilenet_v3_small": (_mobilenet_v3_small, _bn_image_batch, _vision_loss, _sgd, False),
     "convnext": (_convnext, _image_batch, _vision_loss, _sgd, False),
