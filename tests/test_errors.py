@@ -118,6 +118,22 @@ def test_ctc_loss_length_rules(mode):
     raises_like_cpu(lambda x, t: F.ctc_loss(x, t, [3, 3, 3], [2, 2, 2], blank=5), log_probs, targets)
 
 
+def test_grid_sampler_shape_rules(mode):
+    """CPU's checks of grid sampling's shapes (its kernels', which the
+    lowerings make too)."""
+    def sample(x, g):
+        return F.grid_sample(x, g, align_corners=False)
+
+    raises_like_cpu(sample, torch.ones(1, 2, 3, 3), torch.zeros(1, 2, 2, 3))
+    raises_like_cpu(sample, torch.ones(2, 2, 3, 3), torch.zeros(1, 2, 2, 2))
+    raises_like_cpu(sample, torch.ones(1, 2, 0, 3), torch.zeros(1, 2, 2, 2))
+    raises_like_cpu(sample, torch.ones(1, 2, 3, 0, 3), torch.zeros(1, 2, 2, 2, 3))
+    raises_like_cpu(lambda x, g: torch.grid_sampler_3d(x, g, 0, 0, False), torch.ones(1, 2, 3, 3, 3),
+                    torch.zeros(1, 2, 2, 2, 2))
+    raises_like_cpu(lambda x, g: torch.grid_sampler_2d(x, g, 0, 0, False), torch.ones(1, 2, 3, 3, 3),
+                    torch.zeros(1, 2, 2, 2, 3))
+
+
 def test_integer_division_by_zero(mode):
     """CPU's integer division raises for a zero divisor (CUDA's returns
     garbage): checked on the device, raised where the host next waits."""

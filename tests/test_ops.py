@@ -98,9 +98,6 @@ OPS = [
 
 # (entry, check) -> CPU fallbacks that check accepts: (op names, why).
 ALLOWED_FALLBACKS = {
-    **{(name, check): (("aten::grid_sampler_3d", "aten::grid_sampler_3d_backward"),
-                       "5-d grid_sample is not lowered yet (not a core ATen op)")
-       for name in ("nn.functional.grid_sample",) for check in ("values", "grad")},
     **{(name, check): (("aten::_linalg_svd.U",),
                        "nuclear and spectral norms (ord 'nuc', 2, -2) need singular values: SVD is a CPU fallback")
        for name in ("linalg.norm", "linalg.matrix_norm") for check in ("values", "out", "grad")},

@@ -1,10 +1,11 @@
-//! `grid_sampler_2d` (`F.grid_sample` on 4-d inputs) and its backward, with
-//! the formulas of CPU's vectorised kernel: grid coordinates unnormalised,
-//! padded (border: clipped; reflection: reflected, then clipped), and the
-//! input read at the 1 (nearest), 4 (bilinear) or 16 (bicubic) taps around
-//! each point. A tap outside the input reads zero, which a NaN weight still
-//! turns into NaN, as on CPU. Taps are gathers from the input's [N·H·W, C]
-//! rows; the input gradient scatter-adds to the same rows.
+//! `grid_sampler_2d` and `grid_sampler_3d` (`F.grid_sample` on 4-d and 5-d
+//! inputs) and their backward, with the formulas of CPU's kernels: grid
+//! coordinates unnormalised, padded (border: clipped; reflection: reflected,
+//! then clipped), and the input read at the 1 (nearest), 2^d ((bi/tri)linear)
+//! or 16 (bicubic, 2-d only) taps around each point. A tap outside the input
+//! reads zero, which a NaN weight still turns into NaN, as on CPU. Taps are
+//! gathers from the input's [N·(D·)H·W, C] rows; the input gradient
+//! scatter-adds to the same rows.
 use super::elementwise::{float_only, full_like};
 use super::nn::{add, mul};
 use super::{op, Cx, Entry, UNDEFINED};
@@ -12,7 +13,12 @@ use crate::error::{Error, Result};
 use crate::ir::dtype::{opmath, DType};
 use crate::ir::{ReduceKind, V};
 
-pub static ENTRIES: &[Entry] = &[op("grid_sampler_2d", forward), op("grid_sampler_2d_backward", backward)];
+pub static ENTRIES: &[Entry] = &[
+    op("grid_sampler_2d", forward),
+    op("grid_sampler_2d_backward", backward),
+    op("grid_sampler_3d", forward),
+    op("grid_sampler_3d_backward", backward),
+];
 
 const BILINEAR: i64 = 0;
 const NEAREST: i64 = 1;
@@ -26,13 +32,13 @@ struct Sampler {
     mode: i64,
     padding: i64,
     align: bool,
-    /// input [n, c, h, w]; grid [n, ho, wo, 2]
     n: i64,
     c: i64,
-    h: i64,
-    w: i64,
-    ho: i64,
-    wo: i64,
+    /// The input's spatial sizes ([H, W] or [D, H, W]); grid coordinate k
+    /// (x, y, z) indexes the k-th from the end.
+    size: Vec<i64>,
+    /// The grid's points per item ([Ho, Wo] or [Do, Ho, Wo]).
+    out: Vec<i64>,
     ct: DType,
 }
 
@@ -40,39 +46,62 @@ impl Sampler {
     fn of(cx: &Cx) -> Result<Sampler> {
         let (t, g) = (cx.meta("input")?, cx.meta("grid")?);
         let (mode, padding) = (cx.int("interpolation_mode")?, cx.int("padding_mode")?);
-        if !(BILINEAR..=BICUBIC).contains(&mode) || !(0..=REFLECTION).contains(&padding) {
-            return Err(Error::runtime(format!("torchtpu: grid_sampler_2d: mode {mode}, padding {padding}")));
+        check_shapes(cx.op.name.contains("3d"), t.sizes, g.sizes)?;
+        let dims = t.sizes.len() - 2;
+        if dims == 3 && mode == BICUBIC {
+            // CPU's kernel refuses it with its own message.
+            return Err(Error::fallback("torchtpu: grid_sampler_3d has no bicubic mode"));
         }
-        float_only(t.dtype, "grid_sampler_2d_cpu_kernel_impl")?;
-        let s = t.sizes;
+        if !(BILINEAR..=BICUBIC).contains(&mode) || !(0..=REFLECTION).contains(&padding) {
+            return Err(Error::runtime(format!("torchtpu: grid_sampler: mode {mode}, padding {padding}")));
+        }
+        float_only(t.dtype, if dims == 2 { "grid_sampler_2d_cpu_kernel_impl" } else { "grid_sampler3d_cpu" })?;
         Ok(Sampler {
             mode,
             padding,
             align: cx.bool("align_corners")?,
-            n: s[0],
-            c: s[1],
-            h: s[2],
-            w: s[3],
-            ho: g.sizes[1],
-            wo: g.sizes[2],
+            n: t.sizes[0],
+            c: t.sizes[1],
+            size: t.sizes[2..].to_vec(),
+            out: g.sizes[1..g.sizes.len() - 1].to_vec(),
             ct: opmath(t.dtype),
         })
     }
 
-    fn points(&self) -> [i64; 3] {
-        [self.n, self.ho, self.wo]
+    fn dims(&self) -> usize {
+        self.size.len()
+    }
+
+    /// The size along grid coordinate `axis` (0: x, the last dimension).
+    fn extent(&self, axis: usize) -> i64 {
+        self.size[self.dims() - 1 - axis]
+    }
+
+    fn points(&self) -> Vec<i64> {
+        std::iter::once(self.n).chain(self.out.iter().copied()).collect()
+    }
+
+    /// Nothing to sample (no item, channel or point; the input's spatial
+    /// sizes are checked non-empty).
+    fn empty(&self) -> bool {
+        self.n * self.c * self.out.iter().product::<i64>() == 0
     }
 
     fn full(&self, cx: &mut Cx, value: f64) -> V {
         cx.g.full(value, self.ct, &self.points())
     }
 
-    /// Grid coordinate `axis` (0: x, 1: y) in pixels, and d(pixels)/d(grid).
-    fn unnormalize(&self, cx: &mut Cx, grid: V, axis: i64) -> (V, f64) {
-        let size = (if axis == 0 { self.w } else { self.h }) as f64;
-        let [n, ho, wo] = self.points();
-        let x = cx.g.slice(grid, &[0, 0, 0, axis], &[n, ho, wo, axis + 1], &[1, 1, 1, 1]);
-        let x = cx.g.reshape(x, &[n, ho, wo]);
+    /// Grid coordinate `axis` (0: x, 1: y, 2: z) in pixels, and d(pixels)/d(grid).
+    fn unnormalize(&self, cx: &mut Cx, grid: V, axis: usize) -> (V, f64) {
+        let size = self.extent(axis) as f64;
+        let points = self.points();
+        let r = points.len();
+        let mut start = vec![0; r + 1];
+        start[r] = axis as i64;
+        let mut limit = points.clone();
+        limit.push(axis as i64 + 1);
+        let x = cx.g.slice(grid, &start, &limit, &vec![1; r + 1]);
+        let x = cx.g.reshape(x, &points);
         let x = cx.g.convert(x, self.ct);
         let (scale, shift, plus_one) =
             if self.align { ((size - 1.0) / 2.0, 0.0, true) } else { (size / 2.0, size / 2.0 - 0.5, false) };
@@ -129,34 +158,36 @@ impl Sampler {
         }
     }
 
-    /// Input rows at integer pixel coordinates (`px`, `py`: floats): the
-    /// gather positions into [N·H·W] and whether each is inside the input.
-    fn tap(&self, cx: &mut Cx, px: V, py: V) -> (V, V) {
-        let inside = |cx: &mut Cx, v: V, size: i64| {
-            let (clamped, ok) = bounds(cx, v, size, false);
-            (ok, cx.g.convert(clamped, DType::I64))
-        };
-        let (okx, ix) = inside(cx, px, self.w);
-        let (oky, iy) = inside(cx, py, self.h);
-        let valid = cx.g.binary("stablehlo.and", okx, oky);
+    /// Input rows at integer pixel coordinates (`p`: floats, x first): the
+    /// gather positions into [N·(D·)H·W] and whether each is inside the input.
+    fn tap(&self, cx: &mut Cx, p: &[V]) -> (V, V) {
         let pts = self.points();
-        let plane = cx.g.full((self.h * self.w) as f64, DType::I64, &pts);
-        let width = cx.g.full(self.w as f64, DType::I64, &pts);
-        let batch = cx.g.iota(DType::I64, &pts, 0);
-        let at = mul(cx, batch, plane);
-        let row = mul(cx, iy, width);
-        let at = add(cx, at, row);
-        let at = add(cx, at, ix);
-        (at, valid)
+        let mut at = cx.g.iota(DType::I64, &pts, 0);
+        let mut valid = None;
+        // Row-major over (item, z, y, x): the last coordinate first.
+        for axis in (0..self.dims()).rev() {
+            let (clamped, ok) = bounds(cx, p[axis], self.extent(axis), false);
+            let index = cx.g.convert(clamped, DType::I64);
+            let size = cx.g.full(self.extent(axis) as f64, DType::I64, &pts);
+            at = mul(cx, at, size);
+            at = add(cx, at, index);
+            valid = Some(match valid {
+                None => ok,
+                Some(v) => cx.g.binary("stablehlo.and", v, ok),
+            });
+        }
+        (at, valid.expect("a spatial dimension"))
     }
 
     /// The taps of each point and their weights, with the weights'
-    /// derivatives in x and y (per pixel) and the x/y grid multipliers.
+    /// derivatives along each coordinate (per pixel) and the coordinates'
+    /// grid multipliers.
     fn taps(&self, cx: &mut Cx, grid: V) -> Taps {
-        let (x, sx) = self.unnormalize(cx, grid, 0);
-        let (y, sy) = self.unnormalize(cx, grid, 1);
-        let mut taps = Taps { at: vec![], valid: vec![], weight: vec![], dx: vec![], dy: vec![], mx: x, my: y };
+        let dims = self.dims();
+        let (coords, scales): (Vec<V>, Vec<f64>) = (0..dims).map(|a| self.unnormalize(cx, grid, a)).unzip();
+        let mut taps = Taps { at: vec![], valid: vec![], weight: vec![], d: vec![vec![]; dims], m: coords.clone() };
         if self.mode == BICUBIC {
+            let (x, y) = (coords[0], coords[1]);
             let (x0, y0) = (cx.g.unary("stablehlo.floor", x), cx.g.unary("stablehlo.floor", y));
             let tx = cx.g.binary("stablehlo.subtract", x, x0);
             let ty = cx.g.binary("stablehlo.subtract", y, y0);
@@ -165,12 +196,12 @@ impl Sampler {
             for i in 0..4 {
                 let oy = full_like(cx, (i - 1) as f64, y);
                 let py = add(cx, y0, oy);
-                let (py, _) = self.pad(cx, py, self.h);
+                let (py, _) = self.pad(cx, py, self.extent(1));
                 for j in 0..4 {
                     let ox = full_like(cx, (j - 1) as f64, x);
                     let px = add(cx, x0, ox);
-                    let (px, _) = self.pad(cx, px, self.w);
-                    let (at, valid) = self.tap(cx, px, py);
+                    let (px, _) = self.pad(cx, px, self.extent(0));
+                    let (at, valid) = self.tap(cx, &[px, py]);
                     taps.at.push(at);
                     taps.valid.push(valid);
                     let w = mul(cx, cxs[j as usize], cys[i as usize]);
@@ -178,76 +209,101 @@ impl Sampler {
                     // CPU subtracts these (its coefficient gradients are in -t).
                     let dx = mul(cx, gxs[j as usize], cys[i as usize]);
                     let dy = mul(cx, gys[i as usize], cxs[j as usize]);
-                    taps.dx.push(cx.g.unary("stablehlo.negate", dx));
-                    taps.dy.push(cx.g.unary("stablehlo.negate", dy));
+                    taps.d[0].push(cx.g.unary("stablehlo.negate", dx));
+                    taps.d[1].push(cx.g.unary("stablehlo.negate", dy));
                 }
             }
-            taps.mx = self.full(cx, sx);
-            taps.my = self.full(cx, sy);
+            taps.m = scales.iter().map(|&s| self.full(cx, s)).collect();
             return taps;
         }
-        let (x, gx) = self.pad(cx, x, self.w);
-        let (y, gy) = self.pad(cx, y, self.h);
-        let sxv = self.full(cx, sx);
-        let syv = self.full(cx, sy);
-        taps.mx = mul(cx, gx, sxv);
-        taps.my = mul(cx, gy, syv);
+        let mut padded = Vec::with_capacity(dims);
+        for (a, (&x, &scale)) in coords.iter().zip(&scales).enumerate() {
+            let (x, gx) = self.pad(cx, x, self.extent(a));
+            let sv = self.full(cx, scale);
+            taps.m[a] = mul(cx, gx, sv);
+            padded.push(x);
+        }
         if self.mode == NEAREST {
-            let px = cx.g.unary("stablehlo.round_nearest_even", x);
-            let py = cx.g.unary("stablehlo.round_nearest_even", y);
-            let (at, valid) = self.tap(cx, px, py);
-            let (one, zero) = (self.full(cx, 1.0), self.full(cx, 0.0));
+            let p: Vec<V> = padded.iter().map(|&x| cx.g.unary("stablehlo.round_nearest_even", x)).collect();
+            let (at, valid) = self.tap(cx, &p);
             taps.at.push(at);
             taps.valid.push(valid);
-            taps.weight.push(one);
-            taps.dx.push(zero);
-            taps.dy.push(zero);
+            taps.weight.push(self.full(cx, 1.0));
+            for d in &mut taps.d {
+                d.push(self.full(cx, 0.0));
+            }
             return taps;
         }
-        let (x0, y0) = (cx.g.unary("stablehlo.floor", x), cx.g.unary("stablehlo.floor", y));
+        // Per coordinate: the corner below and its weight `1 - (x - x0)`, the
+        // corner above and its weight `x - x0` (CPU's w, e = 1 - w).
         let one = self.full(cx, 1.0);
-        let x1 = add(cx, x0, one);
-        let y1 = add(cx, y0, one);
-        // CPU's weights: w = x - x0, e = 1 - w, n = y - y0, s = 1 - n.
-        let wgt = cx.g.binary("stablehlo.subtract", x, x0);
-        let e = cx.g.binary("stablehlo.subtract", one, wgt);
-        let nn = cx.g.binary("stablehlo.subtract", y, y0);
-        let s = cx.g.binary("stablehlo.subtract", one, nn);
-        let neg = |cx: &mut Cx, v: V| cx.g.unary("stablehlo.negate", v);
-        let (ns, nn_, ne_, nw_) = (neg(cx, s), neg(cx, nn), neg(cx, e), neg(cx, wgt));
-        // (corner, weight, d/dx, d/dy): nw, ne, sw, se.
-        let corners = [
-            (x0, y0, mul(cx, s, e), ns, ne_),
-            (x1, y0, mul(cx, s, wgt), s, nw_),
-            (x0, y1, mul(cx, nn, e), nn_, e),
-            (x1, y1, mul(cx, nn, wgt), nn, wgt),
-        ];
-        for (px, py, w, dx, dy) in corners {
-            let (at, valid) = self.tap(cx, px, py);
+        let mut corners = Vec::with_capacity(dims);
+        for &x in &padded {
+            let x0 = cx.g.unary("stablehlo.floor", x);
+            let x1 = add(cx, x0, one);
+            let above = cx.g.binary("stablehlo.subtract", x, x0);
+            let below = cx.g.binary("stablehlo.subtract", one, above);
+            corners.push([(x0, below), (x1, above)]);
+        }
+        // 2^d corners, x varying fastest (CPU's nw, ne, sw, se; then the
+        // bottom plane's); a weight is the product of its coordinates'
+        // weights from the last coordinate down, and its derivative along a
+        // coordinate the product of the others', signed.
+        let product = |cx: &mut Cx, factors: &[V]| {
+            let mut p = factors[factors.len() - 1];
+            for &f in factors[..factors.len() - 1].iter().rev() {
+                p = mul(cx, p, f);
+            }
+            p
+        };
+        for corner in 0..1usize << dims {
+            let side = |a: usize| (corner >> a) & 1;
+            let p: Vec<V> = (0..dims).map(|a| corners[a][side(a)].0).collect();
+            let w: Vec<V> = (0..dims).map(|a| corners[a][side(a)].1).collect();
+            let (at, valid) = self.tap(cx, &p);
             taps.at.push(at);
             taps.valid.push(valid);
-            taps.weight.push(w);
-            taps.dx.push(dx);
-            taps.dy.push(dy);
+            let weight = product(cx, &w);
+            taps.weight.push(weight);
+            for a in 0..dims {
+                let mut others = w.clone();
+                others[a] = if side(a) == 1 { one } else { cx.g.unary("stablehlo.negate", one) };
+                let d = product(cx, &others);
+                taps.d[a].push(d);
+            }
         }
         taps
     }
 
-    /// The input as [N·H·W, C] rows in compute type.
+    /// The input as [N·(D·)H·W, C] rows in compute type.
     fn rows(&self, cx: &mut Cx) -> Result<V> {
         let x = cx.tensor("input")?;
         let x = cx.g.convert(x, self.ct);
-        let x = cx.g.transpose(x, &[0, 2, 3, 1]);
-        Ok(cx.g.reshape(x, &[self.n * self.h * self.w, self.c]))
+        let x = cx.g.transpose(x, &self.channels_last());
+        Ok(cx.g.reshape(x, &[self.n * self.size.iter().product::<i64>(), self.c]))
     }
 
-    /// A per-point value broadcast over channels: [N, Ho, Wo, C].
+    /// The permutation that moves dimension 1 (channels) last.
+    fn channels_last(&self) -> Vec<i64> {
+        let r = self.dims() as i64 + 2;
+        std::iter::once(0).chain(2..r).chain([1]).collect()
+    }
+
+    /// The permutation that moves the last dimension (channels) to 1.
+    fn channels_first(&self) -> Vec<i64> {
+        let r = self.dims() as i64 + 2;
+        [0, r - 1].into_iter().chain(1..r - 1).collect()
+    }
+
+    /// A per-point value broadcast over channels: [N, (Do,) Ho, Wo, C].
     fn per_channel(&self, cx: &mut Cx, v: V) -> V {
-        let [n, ho, wo] = self.points();
-        cx.g.broadcast_in_dim(v, &[n, ho, wo, self.c], &[0, 1, 2])
+        let mut shape = self.points();
+        let dims: Vec<i64> = (0..shape.len() as i64).collect();
+        shape.push(self.c);
+        cx.g.broadcast_in_dim(v, &shape, &dims)
     }
 
-    /// Tap values, zero outside the input: [N, Ho, Wo, C].
+    /// Tap values, zero outside the input: [N, (Do,) Ho, Wo, C].
     fn read(&self, cx: &mut Cx, rows: V, at: V, valid: V) -> V {
         let v = cx.g.take(rows, at, 0);
         let valid = self.per_channel(cx, valid);
@@ -256,15 +312,48 @@ impl Sampler {
     }
 }
 
+/// CPU's `check_grid_sampler_common`, then `check_grid_sampler_2d`/`_3d`.
+fn check_shapes(volumetric: bool, input: &[i64], grid: &[i64]) -> Result<()> {
+    let fail = |message: String| Err(Error::runtime(format!("grid_sampler(): {message}")));
+    let rank = if volumetric { 5 } else { 4 };
+    let ranks = || {
+        fail(format!(
+            "expected {rank}D input and grid with same number of dimensions, but got input with sizes {input:?} and grid with sizes {grid:?}"
+        ))
+    };
+    if input.is_empty() || grid.is_empty() {
+        return ranks();
+    }
+    if input[0] != grid[0] {
+        return fail(format!(
+            "expected grid and input to have same batch size, but got input with sizes {input:?} and grid with sizes {grid:?}"
+        ));
+    }
+    let spatial = input.len() as i64 - 2;
+    if grid[grid.len() - 1] != spatial {
+        return fail(format!(
+            "expected grid to have size {spatial} in last dimension, but got grid with sizes {grid:?}"
+        ));
+    }
+    if let Some(i) = (2..input.len()).find(|&i| input[i] <= 0) {
+        return fail(format!(
+            "expected input to have non-empty spatial dimensions, but input has sizes {input:?} with dimension {i} being empty"
+        ));
+    }
+    if input.len() != rank || grid.len() != rank {
+        return ranks();
+    }
+    Ok(())
+}
+
 struct Taps {
     at: Vec<V>,
     valid: Vec<V>,
     weight: Vec<V>,
-    dx: Vec<V>,
-    dy: Vec<V>,
-    /// d(pixel)/d(grid) of x and y.
-    mx: V,
-    my: V,
+    /// Per coordinate (x, y, z), each tap weight's derivative along it.
+    d: Vec<Vec<V>>,
+    /// Per coordinate, d(pixel)/d(grid).
+    m: Vec<V>,
 }
 
 fn trunc(cx: &mut Cx, x: V) -> V {
@@ -343,9 +432,10 @@ fn cubic_grad(cx: &mut Cx, t: V) -> [V; 4] {
 fn forward(cx: &mut Cx) -> Result<Vec<V>> {
     let s = Sampler::of(cx)?;
     let dtype = cx.meta("input")?.dtype;
-    let [n, ho, wo] = s.points();
-    if s.n * s.c * s.ho * s.wo == 0 || s.h * s.w == 0 {
-        return Ok(vec![cx.g.full(0.0, dtype, &[n, s.c, ho, wo])]);
+    let mut shape = vec![s.n, s.c];
+    shape.extend(&s.out);
+    if s.empty() {
+        return Ok(vec![cx.g.full(0.0, dtype, &shape)]);
     }
     let grid = cx.tensor("grid")?;
     let taps = s.taps(cx, grid);
@@ -356,7 +446,7 @@ fn forward(cx: &mut Cx) -> Result<Vec<V>> {
         out = Some(accumulate(cx, out, v, taps.weight[k], &s));
     }
     let out = out.expect("a tap");
-    let out = cx.g.transpose(out, &[0, 3, 1, 2]);
+    let out = cx.g.transpose(out, &s.channels_first());
     Ok(vec![cx.g.convert(out, dtype)])
 }
 
@@ -374,11 +464,9 @@ fn backward(cx: &mut Cx) -> Result<Vec<V>> {
     let s = Sampler::of(cx)?;
     let (t, gt) = (cx.meta("input")?, cx.meta("grid")?);
     let mask = cx.bools("output_mask")?;
-    let [n, ho, wo] = s.points();
-    let empty = s.n * s.c * s.ho * s.wo == 0 || s.h * s.w == 0;
     let want_input = mask.first().copied().unwrap_or(true);
     let want_grid = mask.get(1).copied().unwrap_or(true);
-    if empty {
+    if s.empty() {
         let gi = if want_input { cx.g.full(0.0, t.dtype, t.sizes) } else { UNDEFINED };
         let gg = if want_grid { cx.g.full(0.0, gt.dtype, gt.sizes) } else { UNDEFINED };
         return Ok(vec![gi, gg]);
@@ -387,10 +475,10 @@ fn backward(cx: &mut Cx) -> Result<Vec<V>> {
     let taps = s.taps(cx, grid);
     let g = cx.tensor("grad_output")?;
     let g = cx.g.convert(g, s.ct);
-    let g = cx.g.transpose(g, &[0, 2, 3, 1]);
+    let g = cx.g.transpose(g, &s.channels_last());
     let mut out = vec![UNDEFINED, UNDEFINED];
     if want_input {
-        let mut acc = cx.g.full(0.0, s.ct, &[s.n * s.h * s.w, s.c]);
+        let mut acc = cx.g.full(0.0, s.ct, &[s.n * s.size.iter().product::<i64>(), s.c]);
         for k in 0..taps.at.len() {
             let w = s.per_channel(cx, taps.weight[k]);
             let upd = mul(cx, g, w);
@@ -399,27 +487,35 @@ fn backward(cx: &mut Cx) -> Result<Vec<V>> {
             let upd = cx.g.select(valid, upd, zero);
             acc = cx.g.put(acc, taps.at[k], upd, 0, Some(ReduceKind::Sum));
         }
-        let r = cx.g.reshape(acc, &[s.n, s.h, s.w, s.c]);
-        let r = cx.g.transpose(r, &[0, 3, 1, 2]);
+        let mut shape = vec![s.n];
+        shape.extend(&s.size);
+        shape.push(s.c);
+        let r = cx.g.reshape(acc, &shape);
+        let r = cx.g.transpose(r, &s.channels_first());
         out[0] = cx.g.convert(r, t.dtype);
     }
     if want_grid {
         let rows = s.rows(cx)?;
-        let (mut gx, mut gy) = (s.full(cx, 0.0), s.full(cx, 0.0));
+        let mut sums: Vec<V> = (0..s.dims()).map(|_| s.full(cx, 0.0)).collect();
+        let channels = s.dims() + 1;
         for k in 0..taps.at.len() {
             let v = s.read(cx, rows, taps.at[k], taps.valid[k]);
             let vg = mul(cx, v, g);
-            let vg = cx.g.reduce(ReduceKind::Sum, vg, &[3]);
-            let dx = mul(cx, vg, taps.dx[k]);
-            let dy = mul(cx, vg, taps.dy[k]);
-            gx = add(cx, gx, dx);
-            gy = add(cx, gy, dy);
+            let vg = cx.g.reduce(ReduceKind::Sum, vg, &[channels]);
+            for (a, sum) in sums.iter_mut().enumerate() {
+                let d = mul(cx, vg, taps.d[a][k]);
+                *sum = add(cx, *sum, d);
+            }
         }
-        let gx = mul(cx, gx, taps.mx);
-        let gy = mul(cx, gy, taps.my);
-        let gx = cx.g.reshape(gx, &[n, ho, wo, 1]);
-        let gy = cx.g.reshape(gy, &[n, ho, wo, 1]);
-        let r = cx.g.concatenate(&[gx, gy], 3);
+        let mut column = s.points();
+        column.push(1);
+        let parts: Vec<V> = (0..s.dims())
+            .map(|a| {
+                let scaled = mul(cx, sums[a], taps.m[a]);
+                cx.g.reshape(scaled, &column)
+            })
+            .collect();
+        let r = cx.g.concatenate(&parts, channels);
         out[1] = cx.g.convert(r, gt.dtype);
     }
     Ok(out)
