@@ -7,6 +7,7 @@ gradients, out= and in-place variants, error inputs, and strided views. A
 lowered op must not fall back to CPU. The conformance sweep
 (test_conformance.py) covers every other entry's values and gradients.
 """
+import copy
 import random
 import re
 
@@ -66,6 +67,7 @@ OPS = [
         "linalg.solve", "linalg.solve_ex", "linalg.inv", "linalg.inv_ex", "linalg.det", "linalg.slogdet", "logdet",
         "linalg.matrix_power", "linalg.tensorinv", "linalg.tensorsolve", "geqrf", "linalg.householder_product",
         "linalg.qr", "linalg.eigh", "linalg.eigvalsh"]),
+    "matrix_exp",
     "cdist", "nn.functional.pdist", "norm", "norm.fro", "norm.inf", "dist", "nn.functional.pairwise_distance",
     "nn.functional.triplet_margin_loss", "nn.functional.multi_margin_loss",
     # Fourier transforms (complex results)
@@ -384,6 +386,45 @@ def test_lu_of_a_larger_order_as_on_cpu():
     torch.testing.assert_close(x.cpu(), torch.linalg.solve(a, b))
     torch.testing.assert_close(inv.cpu(), torch.linalg.inv(a))
     torch.testing.assert_close((sign.cpu(), logdet.cpu()), tuple(torch.linalg.slogdet(a)))
+    assert torchtpu.metrics()["fallbacks"] == {}
+
+
+@pytest.mark.one_mode
+def test_matrix_exp_of_every_norm_as_on_cpu(mode):
+    """One batch whose 1-norms pick each of CPU's forms (Taylor degrees 1, 2,
+    4, 8, 12, and 18 scaled and squared up to 7 times), values and gradients
+    in float64; and the orthogonal parametrization, whose default map is the
+    exponential, trains as on CPU."""
+    torchtpu.reset_metrics()
+    g = torch.Generator().manual_seed(0)
+    scales = [1e-17, 1e-9, 1e-5, 0.02, 0.2, 0.8, 3.0, 200.0]
+    a = torch.stack([torch.randn(4, 4, generator=g, dtype=torch.float64) * s / 4 for s in scales])
+    x = a.clone().requires_grad_()
+    expected = torch.linalg.matrix_exp(x)
+    cotangent = torch.randn(expected.shape, generator=g, dtype=torch.float64)
+    (expected_grad,) = torch.autograd.grad(expected, x, cotangent)
+    xt = a.to("tpu").requires_grad_()
+    actual = torch.linalg.matrix_exp(xt)
+    (grad,) = torch.autograd.grad(actual, xt, cotangent.to("tpu"))
+    torch.testing.assert_close(actual.cpu(), expected.detach(), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(grad.cpu(), expected_grad, rtol=1e-11, atol=1e-11)
+
+    from torch.nn.utils.parametrizations import orthogonal
+    torch.manual_seed(0)
+    layer = orthogonal(torch.nn.Linear(6, 6))
+    losses = {}
+    for device in ("cpu", "tpu"):
+        net = copy.deepcopy(layer).to(device)
+        opt = torch.optim.SGD(net.parameters(), lr=0.1)
+        inputs = torch.randn(3, 8, 6, generator=torch.Generator().manual_seed(1))
+        losses[device] = []
+        for batch in inputs:
+            loss = (net(batch.to(device)) - 1).square().mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            losses[device].append(loss.item())
+    torch.testing.assert_close(losses["tpu"], losses["cpu"], rtol=1e-5, atol=1e-6)
     assert torchtpu.metrics()["fallbacks"] == {}
 
 

@@ -109,6 +109,10 @@ TOLERANCES = {
     # of log-sums near -100: CPU's float32 gradient is itself 2-3e-5 from a
     # float64 computation, tpu's as far, elsewhere.
     "nn.functional.ctc_loss": {torch.float32: dict(atol=1e-4, rtol=1.3e-6)},
+    # OpInfo's matrices (entries up to 9) have exponentials up to ~1e5: the
+    # scaled polynomial is squared 4-5 times, and CPU's own float32 value and
+    # gradient are up to 5e-2 from a float64 computation (tpu's likewise).
+    **{name: {torch.float32: dict(atol=5e-2, rtol=1e-4)} for name in ("matrix_exp", "linalg.matrix_exp")},
     # Gradients that cancel in float32, found by the full float32 sweep (not
     # at CI's or LIMIT=8's samples): cov's weighted-mean correction (up to 7
     # ulp of values near 18) and masked cumprod's division by running

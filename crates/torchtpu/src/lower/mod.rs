@@ -43,6 +43,7 @@ mod layout;
 mod linalg;
 mod loss;
 mod margin;
+mod matrix_exp;
 mod nms;
 mod nn;
 mod norm;
@@ -160,6 +161,7 @@ fn table() -> impl Iterator<Item = &'static Entry> {
         linalg::ENTRIES,
         loss::ENTRIES,
         margin::ENTRIES,
+        matrix_exp::ENTRIES,
         nms::ENTRIES,
         nn::ACTIVATIONS,
         nn::ENTRIES,
