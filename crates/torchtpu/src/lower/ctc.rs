@@ -4,7 +4,8 @@
 //! another, and the gradient gathered per label. Each trip works on every
 //! batch item and every state of the extended targets (a blank before,
 //! between and after the labels) at once; an item whose input has ended
-//! keeps its variables.
+//! keeps its variables. Both loops run every step of the input, a count
+//! known when compiling.
 //!
 //! The lengths are data ([`Entry::data`](super::Entry::data)), so a batch
 //! of new lengths reuses the program. The states are sized by what the
@@ -232,12 +233,6 @@ impl Lattice {
         g.reshape(row, &ty.shape[1..])
     }
 
-    /// The largest input length as an i32 scalar: the trips of each loop.
-    fn longest_input(&self, g: &mut Graph) -> V {
-        let longest = g.reduce(ReduceKind::Max, self.input_lengths, &[0]);
-        g.convert(longest, DType::I32)
-    }
-
     /// Whether each item's input reaches past `time` ([N] i64 compared at
     /// `dir` with time), broadcast to [N, J].
     fn input_compare(g: &mut Graph, input_lengths: V, time: V, dir: &'static str, shape: &[i64]) -> V {
@@ -264,10 +259,10 @@ impl Lattice {
         let all = g.full(f64::NEG_INFINITY, dtype, &[n, t, j]);
         let row0 = g.reshape(alpha0, &[n, 1, j]);
         let all = g.dynamic_update_slice(all, row0, &[zero, zero, zero]);
-        let one = g.scalar(1.0, DType::I32);
-        let longest = self.longest_input(g);
-        let rest = g.binary("stablehlo.subtract", longest, one);
-        let trips = g.binary("stablehlo.maximum", rest, zero);
+        // Every step of the input, past the longest item's too (they keep their
+        // values): a count known when compiling, which XLA's GPU loops run
+        // without reading a predicate back each trip.
+        let trips = g.scalar((t - 1) as f64, DType::I32);
         let init = [alpha0, all, self.lpe, self.skip, self.input_lengths];
         let out = g.counted_loop(trips, &init, |g, trip, v| {
             let (alpha, all, lpe, skip, input_lengths) = (v[0], v[1], v[2], v[3], v[4]);
@@ -303,13 +298,12 @@ impl Lattice {
         let at_end = g.compare("EQ", state, end);
         let at_end_label = g.compare("EQ", state, end_label);
         let last_two = g.binary("stablehlo.or", at_end, at_end_label);
-        let longest = self.longest_input(g);
-        let init = [ninf, all, self.lpe, skip_up, last_two, self.input_lengths, longest];
-        let out = g.counted_loop(longest, &init, |g, trip, v| {
-            let (beta, all, lpe, skip_up, last_two, input_lengths, longest) =
-                (v[0], v[1], v[2], v[3], v[4], v[5], v[6]);
+        let trips = g.scalar(t as f64, DType::I32);
+        let init = [ninf, all, self.lpe, skip_up, last_two, self.input_lengths];
+        let out = g.counted_loop(trips, &init, |g, trip, v| {
+            let (beta, all, lpe, skip_up, last_two, input_lengths) = (v[0], v[1], v[2], v[3], v[4], v[5]);
             let one = g.scalar(1.0, DType::I32);
-            let top = g.binary("stablehlo.subtract", longest, one);
+            let top = g.scalar((t - 1) as f64, DType::I32);
             let time = g.binary("stablehlo.subtract", top, trip);
             let shape = g.ty(beta).shape.clone();
             let ninf = g.full(f64::NEG_INFINITY, g.ty(beta).dtype, &shape);
@@ -323,7 +317,7 @@ impl Lattice {
             let next = g.select(before_last, next, ninf);
             let next = g.select(last, first, next);
             let all = write_row(g, all, next, time);
-            vec![next, all, lpe, skip_up, last_two, input_lengths, longest]
+            vec![next, all, lpe, skip_up, last_two, input_lengths]
         });
         out[1]
     }
