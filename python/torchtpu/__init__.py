@@ -4,8 +4,10 @@ Importing this package registers the device (so does `import torch` on a
 machine without a CUDA/ROCm GPU: see `_torchtpu_autoload`). Everything per-op
 happens in the native extension; this module is set-up glue.
 """
+import atexit
 import contextlib
 import os
+import time
 
 import torch
 
@@ -166,6 +168,19 @@ def _register_distributed_backends():
 if torch.distributed.is_available():
     _register_distributed_backends()
 
+def _release_autograd_threads():
+    """PyTorch's autograd thread for tpu drops a finished graph task after
+    its caller has the result. Where that holds the last references to
+    Python objects (the gradients `torch.autograd.grad` returned, once
+    Python dropped its own), the thread waits for the GIL to release them;
+    taking it once the interpreter is finalizing aborts the process
+    ("terminate called without an active exception", the race of PyTorch's
+    issue #190489). A moment without the GIL at exit lets it finish first."""
+    time.sleep(0.005)
+
+
+atexit.register(_release_autograd_threads)
+
 # Accelerate, transformers' Trainer, Lightning: tpu where they name CUDA.
 from . import integrations  # noqa: E402
 
@@ -175,6 +190,4 @@ if "TORCHTPU_MODE" in os.environ:
     set_mode(os.environ["TORCHTPU_MODE"])
 
 if os.environ.get("TORCHTPU_ADVISE") == "1":
-    import atexit
-
     atexit.register(advise)
