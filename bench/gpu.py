@@ -40,6 +40,8 @@ WORKLOADS = {
     "cnn": ("ResNet-style CNN train, 32x32", dict(batch=64), dict(batch=8)),
     "infer": ("GPT inference, batch 1", dict(layers=8, d=1024, heads=16, seq=1024, batch=1, vocab=32768),
               dict(layers=2, d=128, heads=4, seq=64, batch=1, vocab=1024)),
+    "ctc": ("CTC speech step (1-d conv model, new lengths every batch)", dict(batch=32, frames=800),
+            dict(batch=8, frames=200)),
     "generate": ("Llama generate()", dict(layers=8, d=1024, new=128), dict(layers=2, d=128, new=16)),
     "op": ("a + b, f32[4], results dropped", dict(iters=5000), dict(iters=5000)),
 }
@@ -63,6 +65,11 @@ def _model_and_step(workload, size, device, compiled, backend, channels_last):
                   dropout=0.0).to(device)
         x = torch.randint(0, size["vocab"], (size["batch"], size["seq"]), device=device)
         y = torch.randint(0, size["vocab"], (size["batch"], size["seq"]), device=device)
+    elif workload == "ctc":
+        sys.path.insert(0, str(HERE))
+        from ctc import batches, model as ctc_model
+        net = ctc_model().to(device)
+        data = [tuple(t.to(device) for t in b) for b in batches(8, size["batch"], size["frames"])]
     elif workload == "mlp":
         w = size["width"]
         net = nn.Sequential(nn.Linear(size["inputs"], w), nn.ReLU(), nn.Linear(w, w), nn.ReLU(),
@@ -84,10 +91,20 @@ def _model_and_step(workload, size, device, compiled, backend, channels_last):
                 return model(x)
         return step
     opt = torch.optim.AdamW(net.parameters(), 1e-4)
+    if workload == "ctc":
+        turn = iter(range(1 << 30))
+
+        def loss_of():
+            x, targets, input_lengths, target_lengths = data[next(turn) % len(data)]
+            log_probs = model(x).permute(2, 0, 1).log_softmax(2)
+            return F.ctc_loss(log_probs, targets, input_lengths, target_lengths)
+    else:
+        def loss_of():
+            return F.cross_entropy(model(x).flatten(0, -2), y.flatten())
 
     def step():
         opt.zero_grad()
-        loss = F.cross_entropy(model(x).flatten(0, -2), y.flatten())
+        loss = loss_of()
         loss.backward()
         opt.step()
         return loss

@@ -385,10 +385,10 @@ def test_ctc_loss_with_new_lengths_compiles_nothing():
 
 
 @pytest.mark.one_mode
-@pytest.mark.parametrize("interpolation", ["bilinear", "nearest"])
+@pytest.mark.parametrize("interpolation", ["bilinear", "nearest", "bicubic"])
 @pytest.mark.parametrize("padding", ["zeros", "border", "reflection"])
 def test_grid_sample_3d_as_on_cpu(interpolation, padding, mode):
-    """5-d grid sampling (trilinear or nearest) and both gradients, float64,
+    """5-d grid sampling (trilinear, nearest or tricubic) and both gradients, float64,
     points inside and past the input, corners aligned or not."""
     x = torch.randn(2, 3, 4, 5, 6, dtype=torch.float64)
     grid = torch.rand(2, 3, 4, 2, 3, dtype=torch.float64) * 2.4 - 1.2

@@ -2,7 +2,7 @@
 //! inputs) and their backward, with the formulas of CPU's kernels: grid
 //! coordinates unnormalised, padded (border: clipped; reflection: reflected,
 //! then clipped), and the input read at the 1 (nearest), 2^d ((bi/tri)linear)
-//! or 16 (bicubic, 2-d only) taps around each point. A tap outside the input
+//! or 4^d (bi/tricubic) taps around each point. A tap outside the input
 //! reads zero, which a NaN weight still turns into NaN, as on CPU. Taps are
 //! gathers from the input's [N·(D·)H·W, C] rows; the input gradient
 //! scatter-adds to the same rows.
@@ -48,10 +48,6 @@ impl Sampler {
         let (mode, padding) = (cx.int("interpolation_mode")?, cx.int("padding_mode")?);
         check_shapes(cx.op.name.contains("3d"), t.sizes, g.sizes)?;
         let dims = t.sizes.len() - 2;
-        if dims == 3 && mode == BICUBIC {
-            // CPU's kernel refuses it with its own message.
-            return Err(Error::fallback("torchtpu: grid_sampler_3d has no bicubic mode"));
-        }
         if !(BILINEAR..=BICUBIC).contains(&mode) || !(0..=REFLECTION).contains(&padding) {
             return Err(Error::runtime(format!("torchtpu: grid_sampler: mode {mode}, padding {padding}")));
         }
@@ -187,30 +183,39 @@ impl Sampler {
         let (coords, scales): (Vec<V>, Vec<f64>) = (0..dims).map(|a| self.unnormalize(cx, grid, a)).unzip();
         let mut taps = Taps { at: vec![], valid: vec![], weight: vec![], d: vec![vec![]; dims], m: coords.clone() };
         if self.mode == BICUBIC {
-            let (x, y) = (coords[0], coords[1]);
-            let (x0, y0) = (cx.g.unary("stablehlo.floor", x), cx.g.unary("stablehlo.floor", y));
-            let tx = cx.g.binary("stablehlo.subtract", x, x0);
-            let ty = cx.g.binary("stablehlo.subtract", y, y0);
-            let (cxs, gxs) = (cubic(cx, tx), cubic_grad(cx, tx));
-            let (cys, gys) = (cubic(cx, ty), cubic_grad(cx, ty));
-            for i in 0..4 {
-                let oy = full_like(cx, (i - 1) as f64, y);
-                let py = add(cx, y0, oy);
-                let (py, _) = self.pad(cx, py, self.extent(1));
-                for j in 0..4 {
-                    let ox = full_like(cx, (j - 1) as f64, x);
-                    let px = add(cx, x0, ox);
-                    let (px, _) = self.pad(cx, px, self.extent(0));
-                    let (at, valid) = self.tap(cx, &[px, py]);
-                    taps.at.push(at);
-                    taps.valid.push(valid);
-                    let w = mul(cx, cxs[j as usize], cys[i as usize]);
-                    taps.weight.push(w);
+            // Per coordinate: the cell's corner below, and the 4 taps' cubic
+            // weights and their derivatives in its offset.
+            let mut corner = Vec::with_capacity(dims);
+            let (mut weights, mut slopes) = (Vec::with_capacity(dims), Vec::with_capacity(dims));
+            for &x in &coords {
+                let x0 = cx.g.unary("stablehlo.floor", x);
+                let t = cx.g.binary("stablehlo.subtract", x, x0);
+                weights.push(cubic(cx, t));
+                slopes.push(cubic_grad(cx, t));
+                corner.push(x0);
+            }
+            // 4^d taps, x varying fastest; a weight is the product of its
+            // coordinates' weights from x up, its derivative along a coordinate
+            // that coordinate's slope times the others' weights.
+            for tap in 0..4usize.pow(dims as u32) {
+                let offset = |a: usize| (tap / 4usize.pow(a as u32)) % 4;
+                let mut p = Vec::with_capacity(dims);
+                for (a, &x0) in corner.iter().enumerate() {
+                    let o = full_like(cx, offset(a) as f64 - 1.0, x0);
+                    let at = add(cx, x0, o);
+                    p.push(self.pad(cx, at, self.extent(a)).0);
+                }
+                let (at, valid) = self.tap(cx, &p);
+                taps.at.push(at);
+                taps.valid.push(valid);
+                let w: Vec<V> = (0..dims).map(|a| weights[a][offset(a)]).collect();
+                let weight = w[1..].iter().fold(w[0], |acc, &f| mul(cx, acc, f));
+                taps.weight.push(weight);
+                for a in 0..dims {
+                    let slope = slopes[a][offset(a)];
+                    let d = (0..dims).filter(|&b| b != a).fold(slope, |acc, b| mul(cx, acc, w[b]));
                     // CPU subtracts these (its coefficient gradients are in -t).
-                    let dx = mul(cx, gxs[j as usize], cys[i as usize]);
-                    let dy = mul(cx, gys[i as usize], cxs[j as usize]);
-                    taps.d[0].push(cx.g.unary("stablehlo.negate", dx));
-                    taps.d[1].push(cx.g.unary("stablehlo.negate", dy));
+                    taps.d[a].push(cx.g.unary("stablehlo.negate", d));
                 }
             }
             taps.m = scales.iter().map(|&s| self.full(cx, s)).collect();

@@ -217,20 +217,20 @@ fn matrix_exp(cx: &mut Cx) -> Result<Vec<V>> {
     let t = cx.meta("self")?;
     let r = t.sizes.len();
     if r < 2 || t.sizes[r - 1] != t.sizes[r - 2] || !matches!(t.dtype, DType::F32 | DType::F64) {
-        // CPU's kernel raises its error, or computes complex and reduced-precision types.
+        // CPU's kernel raises its error, or computes complex and half-precision
+        // types (the latter wrongly: it reads its double coefficients as
+        // halves, NaN for OpInfo's samples; followed as it is, counted).
         return Err(Error::fallback("torchtpu: linalg_matrix_exp of this input runs on the CPU"));
     }
+    let dtype = t.dtype;
     let a = cx.tensor("self")?;
     let n = t.sizes[r - 1];
-    if n == 1 {
+    if n == 1 || t.numel() == 0 {
         return Ok(vec![cx.g.unary("stablehlo.exponential", a)]);
     }
-    if t.numel() == 0 {
-        return Ok(vec![a]);
-    }
     let batch = t.numel() / (n * n);
-    let b = Batch { dtype: t.dtype, shape: vec![batch, n, n] };
-    let thetas = if t.dtype == DType::F32 { THETAS_F32 } else { THETAS_F64 };
+    let b = Batch { dtype, shape: vec![batch, n, n] };
+    let thetas = if dtype == DType::F32 { THETAS_F32 } else { THETAS_F64 };
     let g = &mut cx.g;
     let a3 = g.reshape(a, &b.shape);
     // The 1-norm: the largest column sum of magnitudes.
@@ -241,7 +241,7 @@ fn matrix_exp(cx: &mut Cx) -> Result<Vec<V>> {
     let forms = [t1, t2, t4, b.degree8(g, a3), b.degree12(g, a3)];
     let mut result = b.scaled_and_squared(g, a3, norm, thetas[5]);
     // Norms in (theta[i-1], theta[i]] take degree i's form; from theta[4] on, degree 18's.
-    let threshold = |g: &mut Graph, value: f64| g.full(value, t.dtype, &[batch]);
+    let threshold = |g: &mut Graph, value: f64| g.full(value, dtype, &[batch]);
     let large_at = threshold(g, thetas[4]);
     let large = g.compare("GE", norm, large_at);
     for (i, &form) in forms.iter().enumerate() {
