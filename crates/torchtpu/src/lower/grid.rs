@@ -48,6 +48,11 @@ impl Sampler {
         let (mode, padding) = (cx.int("interpolation_mode")?, cx.int("padding_mode")?);
         check_shapes(cx.op.name.contains("3d"), t.sizes, g.sizes)?;
         let dims = t.sizes.len() - 2;
+        // Tricubic sampling is new in the torch this project pins (2.15); the
+        // GPU image's 2.11 refuses it, as CPU and CUDA there do.
+        if dims == 3 && mode == BICUBIC && !crate::error::torch_at_least(2, 15) {
+            return Err(Error::runtime("grid_sampler(): bicubic interpolation only supports 4D input"));
+        }
         if !(BILINEAR..=BICUBIC).contains(&mode) || !(0..=REFLECTION).contains(&padding) {
             return Err(Error::runtime(format!("torchtpu: grid_sampler: mode {mode}, padding {padding}")));
         }
