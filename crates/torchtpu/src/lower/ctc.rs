@@ -35,8 +35,8 @@ struct Lattice {
     /// The state's log-probability at each time, -inf past the item's
     /// extended target: [T, N, J].
     lpe: V,
-    /// The state's label: [N, J].
-    labels: V,
+    /// Each state's label as a position in [N·C] (n·C + label): [N, J].
+    at: V,
     /// Whether state j may be reached from j - 2 (a label unlike the one
     /// two states before): [N, J].
     skip: V,
@@ -222,7 +222,7 @@ impl Lattice {
         let inside = g.broadcast_in_dim(inside, &[t, n, j], &[1, 2]);
         let ninf = g.full(f64::NEG_INFINITY, dtype, &[t, n, j]);
         let lpe = g.select(inside, lpe, ninf);
-        Ok(Lattice { lp, lpe, labels, skip, input_lengths, target_lengths, dtype, t, n, c, j })
+        Ok(Lattice { lp, lpe, at, skip, input_lengths, target_lengths, dtype, t, n, c, j })
     }
 
     /// The states' log-probabilities at time `time` (an i32 scalar): [N, J].
@@ -348,15 +348,8 @@ fn ctc_loss(cx: &mut Cx) -> Result<Vec<V>> {
     let ninf = g.full(f64::NEG_INFINITY, l.dtype, &[n]);
     let labelled = g.compare("GT", l.target_lengths, zero);
     let l2 = g.select(labelled, l2, ninf);
-    let m = g.binary("stablehlo.maximum", l1, l2);
-    let m = finite_or_zero(g, m);
-    let e1 = g.binary("stablehlo.subtract", l1, m);
-    let e1 = g.unary("stablehlo.exponential", e1);
-    let e2 = g.binary("stablehlo.subtract", l2, m);
-    let e2 = g.unary("stablehlo.exponential", e2);
-    let s = g.binary("stablehlo.add", e1, e2);
-    let s = g.unary("stablehlo.log", s);
-    let likelihood = g.binary("stablehlo.add", s, m);
+    // CPU's two-term log-sum; the third term's exp(-inf) adds an exact 0.
+    let likelihood = log_sum3(g, l1, l2, ninf);
     // A target longer than the states (than the input) has no alignment.
     let states = g.full(((j - 1) / 2) as f64, DType::I64, &[n]);
     let fits = g.compare("LE", l.target_lengths, states);
@@ -385,16 +378,13 @@ fn ctc_loss_backward(cx: &mut Cx) -> Result<Vec<V>> {
     let nll = cx.tensor("neg_log_likelihood")?;
     let zero_infinity = cx.bool("zero_infinity")?;
     let g = &mut cx.g;
-    let (t, n, c, j, dtype) = (l.t, l.n, l.c, l.j, l.dtype);
+    let (t, n, c, dtype) = (l.t, l.n, l.c, l.dtype);
     let beta = l.beta(g);
     let ab = g.binary("stablehlo.add", log_alpha, beta);
     let ab = g.transpose(ab, &[1, 0, 2]);
     // Log-sums per label: each state's alpha beta scattered onto its label,
     // shifted by the label's largest.
-    let item = iota(g, &[n, j], 0);
-    let width = int(g, c, &[n, j]);
-    let row = g.binary("stablehlo.multiply", item, width);
-    let at = g.binary("stablehlo.add", row, l.labels);
+    let at = l.at;
     let ninf = g.full(f64::NEG_INFINITY, dtype, &[t, n * c]);
     let largest = g.put(ninf, at, ab, 1, Some(ReduceKind::Max));
     let largest = finite_or_zero(g, largest);
