@@ -83,6 +83,11 @@ TOLERANCES = {
     # the gradient divides their difference by eigenvalue gaps (pinv's
     # hermitian path is eigh's).
     **{name: {torch.float32: dict(atol=1e-4, rtol=5e-4)} for name in ("linalg.eigh", "linalg.pinv.hermitian")},
+    # SVD's gradient divides by gaps between squared singular values: CPU's
+    # own float32 gradient is up to 1.2e-5 (of its largest element) from a
+    # float64 computation, tpu's 3.3e-6. CPU's singular values with vectors
+    # (under autograd: cond's σ₁/σₙ) are 1.6e-6 off, tpu's 1e-7.
+    **{name: {torch.float32: dict(atol=1e-4, rtol=5e-5)} for name in ("linalg.svd", "svd", "linalg.cond")},
     # XLA's FFT (DUCC) and PyTorch's pocketfft factor non-power-of-two sizes
     # differently: multi-dimensional transforms (and stft's gradient, summed
     # over overlapping frames) differ by up to ~2e-5.
@@ -212,10 +217,28 @@ def eigenvector_signs(result):
     return values, vectors * largest.sign()
 
 
+def singular_vector_signs(result, vh=True):
+    """An SVD's results with each pair of singular vectors (defined up to a
+    common sign) signed so that the left one's component of largest
+    magnitude is positive, and the columns of a full U or V past min(m, n)
+    (any orthonormal completion) as the projection onto them."""
+    u, s, v = result
+    if s.numel() == 0:
+        return result
+    k = s.shape[-1]
+    v = v.mH if vh else v
+    uk, vk = u[..., :k], v[..., :k]
+    largest = uk.gather(-2, uk.abs().argmax(-2, keepdim=True)).sign()
+    uk, vk = uk * largest, vk * largest
+    rest = [w[..., k:] @ w[..., k:].mH for w in (u, v) if w.shape[-1] > k]
+    return (uk, s, vk.mH if vh else vk, *rest)
+
+
 # Entries whose results are unique only up to a choice each backend makes its
 # own way: both devices' results are put in one form before they are compared
 # and before gradients are taken (so that cotangents meet the same outputs).
-CANONICAL = {"linalg.eigh": eigenvector_signs}
+CANONICAL = {"linalg.eigh": eigenvector_signs, "linalg.svd": singular_vector_signs,
+             "svd": lambda result: singular_vector_signs(result, vh=False)}
 
 
 def call(fn, sample, **extra):

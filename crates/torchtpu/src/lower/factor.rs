@@ -46,17 +46,17 @@ pub static ENTRIES: &[Entry] = &[
 ];
 
 /// The batch dimensions and the two matrix dimensions of a shape.
-fn split(shape: &[i64]) -> (Vec<i64>, i64, i64) {
+pub(super) fn split(shape: &[i64]) -> (Vec<i64>, i64, i64) {
     let r = shape.len();
     (shape[..r - 2].to_vec(), shape[r - 2], shape[r - 1])
 }
 
-fn with(batch: &[i64], tail: &[i64]) -> Vec<i64> {
+pub(super) fn with(batch: &[i64], tail: &[i64]) -> Vec<i64> {
     batch.iter().chain(tail).copied().collect()
 }
 
 /// Rows `rows` and columns `cols` of each trailing matrix.
-fn block(g: &mut Graph, a: V, rows: (i64, i64), cols: (i64, i64)) -> V {
+pub(super) fn block(g: &mut Graph, a: V, rows: (i64, i64), cols: (i64, i64)) -> V {
     let shape = g.ty(a).shape.clone();
     let r = shape.len();
     let mut start = vec![0; r];
@@ -79,13 +79,13 @@ fn to_batch(g: &mut Graph, a: V, batch: &[i64], tail: usize) -> V {
 }
 
 /// A scalar splat to `v`'s shape.
-fn splat(g: &mut Graph, value: f64, v: V) -> V {
+pub(super) fn splat(g: &mut Graph, value: f64, v: V) -> V {
     let ty = g.ty(v).clone();
     g.full(value, ty.dtype, &ty.shape)
 }
 
 /// The identity's first `cols` columns, for each of `batch`.
-fn eye(g: &mut Graph, dtype: DType, batch: &[i64], rows: i64, cols: i64) -> V {
+pub(super) fn eye(g: &mut Graph, dtype: DType, batch: &[i64], rows: i64, cols: i64) -> V {
     let diagonal = diagonal_mask(g, &with(batch, &[rows, cols]));
     g.convert(diagonal, dtype)
 }
@@ -759,35 +759,141 @@ fn householder_product(cx: &mut Cx) -> Result<Vec<V>> {
     Ok(vec![reflectors_product(&mut cx.g, a, tau)])
 }
 
+/// R's first `rows` rows (k = min(m, n), or m for the complete form) from
+/// each matrix's `geqrf` form `h`.
+fn upper_factor(g: &mut Graph, h: V, rows: i64) -> V {
+    let n = *g.ty(h).shape.last().unwrap();
+    let r = block(g, h, (0, rows), (0, n));
+    keep_triangle(g, r, false, 0)
+}
+
+/// Q's first `cols` columns (k, or m for the complete form) from the
+/// reflectors in `h` and their scales `tau`, padded with zero reflectors
+/// where A has fewer columns.
+fn orthogonal_factor(g: &mut Graph, h: V, tau: V, cols: i64) -> V {
+    let ty = g.ty(h).clone();
+    let (batch, m, n) = split(&ty.shape);
+    let reflectors = block(g, h, (0, m), (0, cols.min(n)));
+    let reflectors = if cols > n {
+        let zeros = g.full(0.0, ty.dtype, &with(&batch, &[m, cols - n]));
+        g.concatenate(&[reflectors, zeros], batch.len() + 1)
+    } else {
+        reflectors
+    };
+    reflectors_product(g, reflectors, tau)
+}
+
+/// Each matrix's QR factorization: Q (m x k, or m x m when `complete`) and
+/// R (k x n, or m x n).
+pub(super) fn qr_factors(g: &mut Graph, a: V, complete: bool) -> (V, V) {
+    let (_, m, n) = split(&g.ty(a).shape);
+    let k = if complete { m } else { m.min(n) };
+    let (h, tau) = householder(g, a);
+    (orthogonal_factor(g, h, tau, k), upper_factor(g, h, k))
+}
+
 fn qr(cx: &mut Cx) -> Result<Vec<V>> {
     let t = cx.meta("A")?;
     let mode = cx.str("mode")?;
     lapack_dtype(&t, "geqrf_cpu")?;
-    let (batch, m, n) = split(t.sizes);
-    let k = m.min(n);
     let a = cx.tensor("A")?;
-    let (h, tau) = householder(&mut cx.g, a);
-    let complete = mode == "complete";
-    let r_rows = if complete { m } else { k };
-    let r = block(&mut cx.g, h, (0, r_rows), (0, n));
-    let r = keep_triangle(&mut cx.g, r, false, 0);
-    let q = match mode {
-        "r" => cx.g.full(0.0, t.dtype, &[0]),
-        _ => {
-            // Q's columns: k (reduced) or m (complete), from reflectors
-            // padded with zero columns where A has fewer.
-            let cols = if complete { m } else { k };
-            let reflectors = block(&mut cx.g, h, (0, m), (0, cols.min(n)));
-            let reflectors = if cols > n {
-                let zeros = cx.g.full(0.0, t.dtype, &with(&batch, &[m, cols - n]));
-                cx.g.concatenate(&[reflectors, zeros], batch.len() + 1)
-            } else {
-                reflectors
-            };
-            reflectors_product(&mut cx.g, reflectors, tau)
-        }
-    };
+    if mode == "r" {
+        let (h, _) = householder(&mut cx.g, a);
+        let (_, m, n) = split(t.sizes);
+        let r = upper_factor(&mut cx.g, h, m.min(n));
+        return Ok(vec![cx.g.full(0.0, t.dtype, &[0]), r]);
+    }
+    let (q, r) = qr_factors(&mut cx.g, a, mode == "complete");
     Ok(vec![q, r])
+}
+
+/// Each symmetric matrix's eigenvectors (columns) and eigenvalues, ascending
+/// as LAPACK's, from its lower (or upper) triangle.
+pub(super) fn symmetric_eigen(g: &mut Graph, a: V, lower: bool) -> (V, V) {
+    let ty = g.ty(a).clone();
+    let (batch, n, _) = split(&ty.shape);
+    // Jacobi sweeps until the off-diagonal norm is this small relative to
+    // the matrix's (a few ulps).
+    let tol = if ty.dtype == DType::F32 { 1e-6 } else { 1e-14 };
+    let config = format!("{},1,100,{tol:e}", lower as i32);
+    let r = g.custom_call("Eigh", &config, &[a], &[ty.clone(), Ty::new(ty.dtype, &with(&batch, &[n]))]);
+    if ty.dtype != DType::F64 {
+        return (r[0], r[1]);
+    }
+    // XLA's sweeps measure the off-diagonal norm as √(‖A‖² - ‖diag A‖²),
+    // which cancels below √eps ‖A‖: they stop there, float64 vectors ~1e-8
+    // from LAPACK's (float32's are at their own precision already).
+    let triangle = keep_triangle(g, a, lower, 0);
+    let strict = keep_triangle(g, a, lower, if lower { -1 } else { 1 });
+    let mirrored = transpose(g, strict);
+    let symmetric = g.binary("stablehlo.add", triangle, mirrored);
+    (refined(g, symmetric, r[0]), r[1])
+}
+
+/// One step of Ogita and Aishima's refinement ("Iterative refinement for
+/// symmetric eigenvalue decomposition", 2018) of the eigenvectors `x` of
+/// each symmetric `a`: it squares their error. Eigenvalues closer than the
+/// step's own error bound form a cluster, whose vectors are only made
+/// orthonormal (a second step would divide by their gaps).
+fn refined(g: &mut Graph, a: V, x: V) -> V {
+    let ty = g.ty(x).clone();
+    let (batch, n, _) = split(&ty.shape);
+    let r = ty.rank();
+    let xt = transpose(g, x);
+    let gram = g.matmul(xt, x, Precision::Highest);
+    let identity = eye(g, ty.dtype, &batch, n, n);
+    let residual = g.binary("stablehlo.subtract", identity, gram);
+    let ax = g.matmul(a, x, Precision::Highest);
+    let projected = g.matmul(xt, ax, Precision::Highest);
+    // Symmetric as the paper's exact S: a rounding's asymmetry divided by a
+    // small gap would cost the vectors their orthogonality.
+    let mirrored = transpose(g, projected);
+    let projected = g.binary("stablehlo.add", projected, mirrored);
+    let halves = splat(g, 0.5, x);
+    let projected = g.binary("stablehlo.multiply", projected, halves);
+    let on_diagonal = diagonal_mask(g, &ty.shape);
+    let zeros = splat(g, 0.0, x);
+    let diagonal = |g: &mut Graph, m: V| {
+        let d = g.select(on_diagonal, m, zeros);
+        g.reduce(ReduceKind::Sum, d, &[r - 2])
+    };
+    let (s, rr) = (diagonal(g, projected), diagonal(g, residual));
+    let ones = splat(g, 1.0, rr);
+    let rr = g.binary("stablehlo.subtract", ones, rr);
+    let values = g.binary("stablehlo.divide", s, rr);
+    let batch_dims: Vec<i64> = (0..r as i64 - 2).collect();
+    let along = |g: &mut Graph, dim: i64| {
+        let dims: Vec<i64> = batch_dims.iter().copied().chain([dim]).collect();
+        g.broadcast_in_dim(values, &ty.shape, &dims)
+    };
+    let (row, column) = (along(g, r as i64 - 1), along(g, r as i64 - 2));
+    let on_diagonal_values = g.select(on_diagonal, row, zeros);
+    let off = g.binary("stablehlo.subtract", projected, on_diagonal_values);
+    // δ = 2 (‖S - diag λ‖ + ‖A‖ ‖R‖), with Frobenius norms.
+    let frobenius = |g: &mut Graph, m: V| {
+        let squares = g.binary("stablehlo.multiply", m, m);
+        let sum = g.reduce(ReduceKind::Sum, squares, &[r - 2, r - 1]);
+        g.unary("stablehlo.sqrt", sum)
+    };
+    let (f_off, f_a, f_r) = (frobenius(g, off), frobenius(g, a), frobenius(g, residual));
+    let bound = g.binary("stablehlo.multiply", f_a, f_r);
+    let bound = g.binary("stablehlo.add", f_off, bound);
+    let two = splat(g, 2.0, bound);
+    let bound = g.binary("stablehlo.multiply", two, bound);
+    let bound = g.broadcast_in_dim(bound, &ty.shape, &batch_dims);
+    // E_ij = (s_ij + λ_j r_ij) / (λ_j - λ_i) apart, r_ij / 2 in a cluster.
+    let gap = g.binary("stablehlo.subtract", row, column);
+    let distance = g.unary("stablehlo.abs", gap);
+    let apart = g.compare("GT", distance, bound);
+    let ones = splat(g, 1.0, x);
+    let gap = g.select(apart, gap, ones);
+    let scaled = g.binary("stablehlo.multiply", row, residual);
+    let numerator = g.binary("stablehlo.add", projected, scaled);
+    let rotation = g.binary("stablehlo.divide", numerator, gap);
+    let half = g.binary("stablehlo.multiply", residual, halves);
+    let e = g.select(apart, rotation, half);
+    let correction = g.matmul(x, e, Precision::Highest);
+    g.binary("stablehlo.add", x, correction)
 }
 
 fn eigh(cx: &mut Cx) -> Result<Vec<V>> {
@@ -795,18 +901,12 @@ fn eigh(cx: &mut Cx) -> Result<Vec<V>> {
     lapack_dtype(&t, "linalg_eigh_cpu")?;
     let lower = cx.str("UPLO")? == "L";
     let compute_v = cx.bool("compute_v")?;
-    let (batch, n, _) = split(t.sizes);
     let a = cx.tensor("A")?;
-    let w = Ty::new(t.dtype, &with(&batch, &[n]));
     let (vectors, values) = if t.numel() == 0 {
-        (a, cx.g.full(0.0, t.dtype, &w.shape))
+        let r = t.sizes.len();
+        (a, cx.g.full(0.0, t.dtype, &t.sizes[..r - 1]))
     } else {
-        // Jacobi sweeps until the off-diagonal norm is this small relative to
-        // the matrix's (a few ulps), sorted ascending as LAPACK's.
-        let tol = if t.dtype == DType::F32 { 1e-6 } else { 1e-14 };
-        let config = format!("{},1,100,{tol:e}", lower as i32);
-        let r = cx.g.custom_call("Eigh", &config, &[a], &[Ty::new(t.dtype, t.sizes), w]);
-        (r[0], r[1])
+        symmetric_eigen(&mut cx.g, a, lower)
     };
     let vectors = if compute_v { vectors } else { cx.g.full(0.0, t.dtype, &[0]) };
     Ok(vec![values, vectors])

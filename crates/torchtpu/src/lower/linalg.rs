@@ -6,7 +6,7 @@ use super::factor::{check_info, first_bad_minor, transpose};
 use super::shape::{expand_check, keep_triangle};
 use super::{op, op_complex, Cx, Entry};
 use crate::ensure;
-use crate::error::{Error, Kind, Result};
+use crate::error::{torch_at_least, Error, Kind, Result};
 use crate::ir::dtype::{opmath, DType};
 use crate::ir::{Graph, ReduceKind, V};
 use crate::lower::args::Tensor;
@@ -408,12 +408,16 @@ fn check_square(t: &Tensor, what: &str, name: &str) -> Result<()> {
         t.sizes[r - 2],
         t.sizes[r - 1]
     );
-    ensure!(
-        t.dtype.has_float_values(),
-        "{what}: Expected a floating point or complex tensor as input. Got {}",
-        t.dtype.torch_name()
-    );
-    Ok(())
+    check_floating(t, what)
+}
+
+/// CPU's `checkFloatingOrComplex` (a NotImplementedError since torch 2.15).
+pub(super) fn check_floating(t: &Tensor, what: &str) -> Result<()> {
+    if t.dtype.has_float_values() {
+        return Ok(());
+    }
+    let message = format!("{what}: Expected a floating point or complex tensor as input. Got {}", t.dtype.torch_name());
+    Err(if torch_at_least(2, 15) { Error::not_implemented(message) } else { Error::runtime(message) })
 }
 
 /// CPU's LAPACK `kernel` has float32 and float64 (and complex: those calls

@@ -58,6 +58,7 @@ mod roi;
 pub mod rules;
 mod shape;
 mod sort;
+mod svd;
 mod unpool;
 
 pub type Lowering = fn(&mut Cx) -> Result<Vec<V>>;
@@ -176,6 +177,7 @@ fn table() -> impl Iterator<Item = &'static Entry> {
         roi::ENTRIES,
         shape::ENTRIES,
         sort::ENTRIES,
+        svd::ENTRIES,
         unpool::ENTRIES,
         COPY_ENTRIES,
     ]
