@@ -23,6 +23,9 @@ CALLS = {
     "inv": lambda a, b, spd: torch.linalg.inv(a),
     "slogdet": lambda a, b, spd: torch.linalg.slogdet(a)[1],
     "cholesky": lambda a, b, spd: torch.linalg.cholesky(spd),
+    "eigh": lambda a, b, spd: torch.linalg.eigh(spd)[1],
+    "svd": lambda a, b, spd: torch.linalg.svd(a)[0],
+    "svdvals": lambda a, b, spd: torch.linalg.svdvals(a),
 }
 
 

@@ -463,6 +463,11 @@ def test_svd_and_eigh_in_float64_as_on_cpu(mode):
     torch.testing.assert_close(w.cpu(), torch.linalg.eigvalsh(h), rtol=1e-13, atol=1e-13)
     torch.testing.assert_close(((v * w.unsqueeze(-2)) @ v.mT).cpu(), h, rtol=1e-13, atol=1e-13)
     assert torchtpu.metrics()["fallbacks"] == {}
+    # Past order 64 XLA's Jacobi sweeps cost more than LAPACK on the host: counted fallbacks.
+    big = torch.randn(80, 70, generator=g, dtype=torch.float64)
+    torch.testing.assert_close(torch.linalg.svdvals(big.to("tpu")).cpu(), torch.linalg.svdvals(big))
+    torch.testing.assert_close(torch.linalg.eigvalsh(big[:70].to("tpu")).cpu(), torch.linalg.eigvalsh(big[:70]))
+    assert sorted(torchtpu.metrics()["fallbacks"]) == ["aten::_linalg_eigh.eigenvalues", "aten::_linalg_svd.U"]
 
     with pytest.raises(torch.linalg.LinAlgError, match="input matrix contained non-finite values"):
         torch.linalg.svdvals(torch.full((3, 3), float("nan"), device="tpu"))

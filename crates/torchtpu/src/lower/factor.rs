@@ -25,7 +25,7 @@ use super::linalg::{diagonal_mask, lapack_dtype};
 use super::shape::keep_triangle;
 use super::{op, Cx, Entry, UNDEFINED};
 use crate::ensure;
-use crate::error::{Kind, Result};
+use crate::error::{Error, Kind, Result};
 use crate::ir::dtype::DType;
 use crate::ir::{broadcast_all, Graph, Precision, ReduceKind, Ty, V};
 use crate::lower::args::Tensor;
@@ -807,6 +807,22 @@ fn qr(cx: &mut Cx) -> Result<Vec<V>> {
     Ok(vec![q, r])
 }
 
+/// The largest order XLA's Jacobi eigh (and the SVD built on it) runs at: its
+/// sweeps cost ~n³ elementwise work each (XLA:CPU, float32: 2.5 ms at order
+/// 64, 149 ms at 256, 10 s at 1024, where LAPACK takes 0.14, 2.5 and 77 ms),
+/// so larger matrices take the counted CPU fallback (bench/linalg.py).
+const JACOBI_LIMIT: i64 = 64;
+
+/// Sends `what` of an order past [`JACOBI_LIMIT`] to the CPU fallback.
+pub(super) fn check_jacobi_order(n: i64, what: &str) -> Result<()> {
+    if n > JACOBI_LIMIT {
+        return Err(Error::fallback(format!(
+            "torchtpu: {what} of order {n} runs on the CPU (XLA's Jacobi eigh past order {JACOBI_LIMIT} is slower than a host round trip)"
+        )));
+    }
+    Ok(())
+}
+
 /// Each symmetric matrix's eigenvectors (columns) and eigenvalues, ascending
 /// as LAPACK's, from its lower (or upper) triangle.
 pub(super) fn symmetric_eigen(g: &mut Graph, a: V, lower: bool) -> (V, V) {
@@ -899,6 +915,7 @@ fn refined(g: &mut Graph, a: V, x: V) -> V {
 fn eigh(cx: &mut Cx) -> Result<Vec<V>> {
     let t = cx.meta("A")?;
     lapack_dtype(&t, "linalg_eigh_cpu")?;
+    check_jacobi_order(t.sizes[t.sizes.len() - 1], "linalg_eigh")?;
     let lower = cx.str("UPLO")? == "L";
     let compute_v = cx.bool("compute_v")?;
     let a = cx.tensor("A")?;

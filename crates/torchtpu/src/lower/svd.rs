@@ -15,8 +15,10 @@
 //! matrix) leave U_p short of unitary, and U is then orthonormalized by a QR
 //! factorization, as JAX does. Singular vectors are unique up to sign (and
 //! to a rotation within a repeated singular value): these and LAPACK's
-//! differ there, as CUDA's do.
-use super::factor::{block, eye, qr_factors, splat, split, symmetric_eigen, transpose, with};
+//! differ there, as CUDA's do. Past order 64 (min(m, n)), XLA's Jacobi
+//! sweeps cost more than LAPACK on the host: those take the counted CPU
+//! fallback (`factor::check_jacobi_order`).
+use super::factor::{block, check_jacobi_order, eye, qr_factors, splat, split, symmetric_eigen, transpose, with};
 use super::linalg::{check_floating, diagonal_mask, lapack_dtype};
 use super::{op, Cx, Entry};
 use crate::ensure;
@@ -47,13 +49,14 @@ fn svd(cx: &mut Cx) -> Result<Vec<V>> {
             "torch.linalg.svd: unknown svd driver {driver} in svd_cusolver computation. Check doc at https://pytorch.org/docs/stable/generated/torch.linalg.svd.html"
         );
     }
-    // CPU returns empty inputs before dispatching on the dtype.
-    if t.numel() > 0 {
-        lapack_dtype(&t, "linalg_svd_cpu")?;
-    }
     let (full, compute_uv) = (cx.bool("full_matrices")?, cx.bool("compute_uv")?);
     let (batch, m, n) = split(t.sizes);
     let k = m.min(n);
+    // CPU returns empty inputs before dispatching on the dtype.
+    if t.numel() > 0 {
+        lapack_dtype(&t, "linalg_svd_cpu")?;
+        check_jacobi_order(k, "_linalg_svd")?;
+    }
     let a = cx.tensor("A")?;
     let g = &mut cx.g;
     let (u, s, vh) = if t.numel() == 0 {
