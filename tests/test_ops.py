@@ -66,7 +66,7 @@ OPS = [
         "linalg.lu_factor", "linalg.lu_factor_ex", "linalg.lu", "lu", "lu_unpack", "linalg.lu_solve", "lu_solve",
         "linalg.solve", "linalg.solve_ex", "linalg.inv", "linalg.inv_ex", "linalg.det", "linalg.slogdet", "logdet",
         "linalg.matrix_power", "linalg.tensorinv", "linalg.tensorsolve", "geqrf", "linalg.householder_product",
-        "linalg.qr", "linalg.eigh", "linalg.eigvalsh", "linalg.svd", "linalg.svdvals", "linalg.pinv"]),
+        "linalg.qr", "linalg.eigh", "linalg.eigvalsh", "linalg.svd", "linalg.svdvals", "linalg.pinv", "linalg.lstsq"]),
     "matrix_exp",
     "cdist", "nn.functional.pdist", "norm", "norm.fro", "norm.inf", "dist", "nn.functional.pairwise_distance",
     "nn.functional.triplet_margin_loss", "nn.functional.multi_margin_loss",
@@ -100,6 +100,10 @@ OPS = [
 
 # (entry, check) -> CPU fallbacks that check accepts: (op names, why).
 ALLOWED_FALLBACKS = {
+    **{("linalg.lstsq", check): (("aten::linalg_lstsq.out",),
+                                 "gelsd and gelss return residuals of a tall matrix only where every matrix has "
+                                 "full rank, a shape the data decides; and empty inputs: CPU's kernel")
+       for check in ("values", "out", "grad")},
     **{("matrix_exp", check): (("aten::linalg_matrix_exp",),
                                "half precisions run CPU's kernel, which reads its double coefficients as "
                                "halves (NaN for these samples); float32/float64 are lowered")
@@ -478,6 +482,40 @@ def test_svd_and_eigh_in_float64_as_on_cpu(mode):
     torch.testing.assert_close(torch.linalg.svdvals(q[0].to("tpu"), driver="gesvdj").cpu(), torch.ones(6, dtype=torch.float64))
     with pytest.raises(RuntimeError, match="unknown svd driver qr"):
         torch.linalg.svd(q[0].to("tpu"), driver="qr")
+
+
+@pytest.mark.one_mode
+def test_lstsq_drivers_as_on_cpu(mode):
+    """Each driver's solution (least norm where the rank is short) and the
+    outputs CPU gives it: rank but for gels, singular values for gelsd and
+    gelss, residuals for gels of a tall matrix; broadcast batches and
+    vectors; the gradient. gelsd's residuals of a tall matrix exist only at
+    full rank: a counted fallback."""
+    g = torch.Generator().manual_seed(0)
+    tall = torch.randn(2, 6, 4, generator=g, dtype=torch.float64)
+    deficient = torch.randn(6, 3, generator=g, dtype=torch.float64) @ torch.randn(3, 4, generator=g, dtype=torch.float64)
+    cases = [(tall, torch.randn(1, 6, 2, generator=g, dtype=torch.float64), None),
+             (tall, torch.randn(2, 6, generator=g, dtype=torch.float64), "gels"),
+             (tall.mT, torch.randn(1, 4, 3, generator=g, dtype=torch.float64), "gels"),
+             (deficient, torch.randn(6, 2, generator=g, dtype=torch.float64), "gelsy"),
+             (deficient.mT, torch.randn(4, 2, generator=g, dtype=torch.float64), "gelsd")]
+    torchtpu.reset_metrics()
+    for a, b, driver in cases:
+        expected = torch.linalg.lstsq(a, b, driver=driver)
+        actual = torch.linalg.lstsq(a.to("tpu"), b.to("tpu"), driver=driver)
+        for x, y in zip(actual, expected):
+            torch.testing.assert_close(x.cpu(), y, rtol=1e-10, atol=1e-10)
+    assert torchtpu.metrics()["fallbacks"] == {}
+    a, b = tall[0], cases[0][1][0]
+    x = a.clone().requires_grad_()
+    (expected,) = torch.autograd.grad(torch.linalg.lstsq(x, b).solution.sum(), x)
+    xt = a.to("tpu").requires_grad_()
+    (actual,) = torch.autograd.grad(torch.linalg.lstsq(xt, b.to("tpu")).solution.sum(), xt)
+    torch.testing.assert_close(actual.cpu(), expected, rtol=1e-10, atol=1e-10)
+    assert torchtpu.metrics()["fallbacks"] == {}
+    torch.testing.assert_close(torch.linalg.lstsq(a.to("tpu"), b.to("tpu"), driver="gelsd").residuals.cpu(),
+                               torch.linalg.lstsq(a, b, driver="gelsd").residuals)
+    assert torchtpu.metrics()["fallbacks"] == {"aten::linalg_lstsq.out": 1}
 
 
 @pytest.mark.one_mode

@@ -42,6 +42,7 @@ mod kernel;
 mod layout;
 mod linalg;
 mod loss;
+mod lstsq;
 mod margin;
 mod matrix_exp;
 mod nms;
@@ -161,6 +162,7 @@ fn table() -> impl Iterator<Item = &'static Entry> {
         kernel::ENTRIES,
         linalg::ENTRIES,
         loss::ENTRIES,
+        lstsq::ENTRIES,
         margin::ENTRIES,
         matrix_exp::ENTRIES,
         nms::ENTRIES,

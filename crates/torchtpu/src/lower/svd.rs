@@ -64,13 +64,8 @@ fn svd(cx: &mut Cx) -> Result<Vec<V>> {
         let (u_cols, vh_rows) = if full { (m, n) } else { (k, k) };
         let s = g.full(0.0, t.dtype, &with(&batch, &[k]));
         (eye(g, t.dtype, &batch, m, u_cols), s, eye(g, t.dtype, &batch, vh_rows, n))
-    } else if m < n {
-        // Aᵀ = U' Σ V'ᵀ, so A = V' Σ U'ᵀ.
-        let at = transpose(g, a);
-        let (u, s, v) = tall(g, at, full);
-        (v, s, transpose(g, u))
     } else {
-        let (u, s, v) = tall(g, a, full);
+        let (u, s, v) = decompose(g, a, full);
         (u, s, transpose(g, v))
     };
     if batch.is_empty() {
@@ -93,8 +88,20 @@ fn svd(cx: &mut Cx) -> Result<Vec<V>> {
     Ok(vec![u, s, vh])
 }
 
-/// U (m x n, or m x m when `full`), the singular values descending and V
-/// (n x n) of each m x n matrix, m >= n.
+/// U (m x k), the singular values descending (k) and V (n x k) of each
+/// m x n matrix, k = min(m, n); U and V square when `full`.
+pub(super) fn decompose(g: &mut Graph, a: V, full: bool) -> (V, V, V) {
+    let (_, m, n) = split(&g.ty(a).shape);
+    if m >= n {
+        return tall(g, a, full);
+    }
+    // Aᵀ = U' Σ V'ᵀ, so A = V' Σ U'ᵀ.
+    let at = transpose(g, a);
+    let (u, s, v) = tall(g, at, full);
+    (v, s, u)
+}
+
+/// [`decompose`] of m x n matrices, m >= n.
 fn tall(g: &mut Graph, a: V, full: bool) -> (V, V, V) {
     let (_, m, n) = split(&g.ty(a).shape);
     let (q, square) = if m > n && (full || m as f64 > TALL * n as f64) {
