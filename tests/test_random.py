@@ -145,6 +145,22 @@ def test_exponential(mode):
     assert_moments(x, 0.5, 0.5)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64], ids=str)
+def test_cauchy_log_normal_geometric(dtype, mode):
+    """The in-place samplers of torch.distributions' Cauchy, LogNormal and
+    Geometric, against the distributions' quantiles and moments; geometric
+    also into integers, as on CPU."""
+    if dtype.is_floating_point:
+        x = torch.empty(N, device="tpu").cauchy_(1.0, 2.0).cpu().double()
+        quartiles = torch.quantile(x[:100_000], torch.tensor([0.25, 0.5, 0.75], dtype=torch.float64))
+        torch.testing.assert_close(quartiles, torch.tensor([-1.0, 1.0, 3.0], dtype=torch.float64), atol=0.06, rtol=0)
+        x = torch.empty(N, device="tpu").log_normal_(0.5, 0.3).cpu()
+        assert_moments(x.log(), 0.5, 0.3)
+    x = torch.empty(N, dtype=dtype, device="tpu").geometric_(0.3).cpu()
+    assert x.dtype == dtype and x.min() == 1
+    assert_moments(x, 1 / 0.3, math.sqrt(0.7) / 0.3)
+
+
 def test_randperm(mode):
     firsts = torch.stack([torch.randperm(10, device="tpu").cpu() for _ in range(2000)])
     assert all(sorted(row.tolist()) == list(range(10)) for row in firsts)
@@ -188,6 +204,12 @@ def test_multinomial(mode):
     lambda d: torch.normal(torch.zeros(3, device=d), -1.0),
     lambda d: torch.normal(torch.zeros(3, dtype=torch.long, device=d), 1.0),
     lambda d: torch.empty(3, device=d).bernoulli_(2.0),
+    lambda d: torch.empty(3, device=d).cauchy_(sigma=0.0),
+    lambda d: torch.empty(3, dtype=torch.long, device=d).cauchy_(),
+    lambda d: torch.empty(3, device=d).log_normal_(std=-1.5),
+    lambda d: torch.empty(3, device=d).geometric_(1.0),
+    lambda d: torch.empty(3, dtype=torch.int32, device=d).log_normal_(),
+    lambda d: torch.empty(3, dtype=torch.bool, device=d).geometric_(0.5),
     # Tensor arguments' values, checked on the device.
     lambda d: torch.normal(torch.zeros(3, device=d), torch.tensor([1.0, -1.0, 1.0], device=d)),
     lambda d: torch.bernoulli(torch.tensor([0.5, 1.5], device=d)),

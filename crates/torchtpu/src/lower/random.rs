@@ -14,6 +14,9 @@ pub static ENTRIES: &[Entry] = &[
     op("bernoulli", bernoulli).ruled(bernoulli_rules),
     op("random", random),
     op_consts("exponential", exponential, &["lambd"]),
+    op("cauchy", cauchy).ruled(cauchy_rules),
+    op("log_normal", log_normal).ruled(log_normal_rules),
+    op("geometric", geometric).ruled(geometric_rules),
     op("randperm", randperm),
     op("multinomial", multinomial),
     op("_standard_gamma", standard_gamma),
@@ -427,6 +430,98 @@ fn standard_exponential(cx: &mut Cx, shape: &[i64], generator: Option<&str>) -> 
     let minus_u = cx.g.unary("stablehlo.negate", u);
     let l = cx.g.unary("stablehlo.log_plus_one", minus_u);
     Ok(cx.g.unary("stablehlo.negate", l))
+}
+
+/// CPU's first check of sampler `what`: a positive `name` (`default` if absent).
+fn positive(cx: &Cx, what: &str, name: &str, default: f64) -> Result<()> {
+    let x = number(cx, name).unwrap_or(default);
+    if !(x > 0.0) {
+        return Err(Error::runtime(format!("{what} expects {name} > 0.0, but found {name}={}", streamed(x))));
+    }
+    Ok(())
+}
+
+/// CPU's `cauchy_` checks: a positive sigma, then a float dtype.
+fn cauchy_rules(cx: &Cx) -> Result<()> {
+    positive(cx, "cauchy_", "sigma", 1.0)?;
+    let dtype = cx.meta("self")?.dtype;
+    if !dtype.is_float() {
+        return Err(Error::runtime(format!(
+            "Cauchy distribution is a continuous probability distribution. dtype must be a floating point but you specified {}",
+            cpp_name(dtype)
+        )));
+    }
+    Ok(())
+}
+
+/// `cauchy_(median, sigma)`: median + sigma tan(π (u - 1/2)), as CPU's.
+fn cauchy(cx: &mut Cx) -> Result<Vec<V>> {
+    let t = cx.meta("self")?;
+    let u = uniform01(cx, t.sizes, Some("generator"))?;
+    let half = cx.g.full(0.5, DType::F32, t.sizes);
+    let centered = cx.g.binary("stablehlo.subtract", u, half);
+    let pi = cx.g.full(std::f64::consts::PI, DType::F32, t.sizes);
+    let angle = cx.g.binary("stablehlo.multiply", pi, centered);
+    let x = cx.g.unary("stablehlo.tan", angle);
+    let ct = opmath(t.dtype);
+    let median = cx.scalar_like("median", ct, t.sizes)?.expect("median");
+    let sigma = cx.scalar_like("sigma", ct, t.sizes)?.expect("sigma");
+    Ok(vec![affine(cx, x, sigma, median, t.dtype)])
+}
+
+/// CPU's `log_normal_` checks: a positive std, then a float dtype.
+fn log_normal_rules(cx: &Cx) -> Result<()> {
+    positive(cx, "log_normal_", "std", 2.0)?;
+    let dtype = cx.meta("self")?.dtype;
+    if !dtype.is_float() {
+        return Err(not_implemented("log_normal_cpu", dtype));
+    }
+    Ok(())
+}
+
+/// `log_normal_(mean, std)`: exp(mean + std z).
+fn log_normal(cx: &mut Cx) -> Result<Vec<V>> {
+    let t = cx.meta("self")?;
+    let ct = opmath(t.dtype);
+    let z = standard_normal(cx, t.sizes, Some("generator"))?;
+    let mean = cx.scalar_like("mean", ct, t.sizes)?.expect("mean");
+    let std = cx.scalar_like("std", ct, t.sizes)?.expect("std");
+    let x = affine(cx, z, std, mean, ct);
+    let x = cx.g.unary("stablehlo.exponential", x);
+    Ok(vec![cx.g.convert(x, t.dtype)])
+}
+
+/// CPU's `geometric_` checks: p in (0, 1), then a real dtype but bool.
+fn geometric_rules(cx: &Cx) -> Result<()> {
+    let p = number(cx, "p").unwrap_or(f64::NAN);
+    if !(p > 0.0 && p < 1.0) {
+        return Err(Error::runtime(format!("geometric_ expects p to be in (0, 1), but got p={}", streamed(p))));
+    }
+    let dtype = cx.meta("self")?.dtype;
+    if dtype == DType::Bool || dtype.is_complex() {
+        return Err(not_implemented("geometric_cpu", dtype));
+    }
+    Ok(())
+}
+
+/// `geometric_(p)`: the number of Bernoulli(p) trials up to the first
+/// success, ceil(log(v) / log(1 - p)) for v uniform in (0, 1] (at least 1:
+/// v = 1 has probability 2^-23).
+fn geometric(cx: &mut Cx) -> Result<Vec<V>> {
+    let t = cx.meta("self")?;
+    let ct = if t.dtype == DType::F64 { DType::F64 } else { DType::F32 };
+    let u = uniform01(cx, t.sizes, Some("generator"))?;
+    let u = cx.g.convert(u, ct);
+    let one = cx.g.full(1.0, ct, t.sizes);
+    let v = cx.g.binary("stablehlo.subtract", one, u);
+    let log_v = cx.g.unary("stablehlo.log", v);
+    let p = cx.scalar_like("p", ct, t.sizes)?.expect("p");
+    let minus_p = cx.g.unary("stablehlo.negate", p);
+    let log_q = cx.g.unary("stablehlo.log_plus_one", minus_p);
+    let trials = cx.g.binary("stablehlo.divide", log_v, log_q);
+    let trials = cx.g.unary("stablehlo.ceil", trials);
+    let trials = cx.g.binary("stablehlo.maximum", trials, one);
+    Ok(vec![cx.g.convert(trials, t.dtype)])
 }
 
 /// `randperm(n)` into `out`: 0..n ordered by 64 random bits each.
