@@ -161,6 +161,24 @@ def test_cauchy_log_normal_geometric(dtype, mode):
     assert_moments(x, 1 / 0.3, math.sqrt(0.7) / 0.3)
 
 
+@pytest.mark.one_mode
+def test_gamma_rsample_gradient_as_on_cpu(mode):
+    """`Gamma.rsample()`'s backward (`_standard_gamma_grad`) equals CPU's
+    approximation in each of its branches: small samples, large shapes
+    (within 10% of alpha and beyond), and the rational fit between."""
+    g = torch.Generator().manual_seed(0)
+    alpha = torch.cat([torch.tensor([0.05, 0.3, 1.0, 2.5, 7.9, 8.5, 20.0, 1e3], dtype=torch.float64),
+                       torch.rand(100, generator=g, dtype=torch.float64) * 30]).repeat(10)
+    x = torch._standard_gamma(alpha, generator=g)
+    expected = torch._standard_gamma_grad(alpha, x)
+    torch.testing.assert_close(torch._standard_gamma_grad(alpha.to("tpu"), x.to("tpu")).cpu(), expected,
+                               rtol=1e-12, atol=0)
+    concentration = torch.tensor([0.5, 2.0, 12.0], device="tpu", requires_grad=True)
+    (grad,) = torch.autograd.grad(torch.distributions.Gamma(concentration, 1.0).rsample((2000,)).mean(0).sum(),
+                                  concentration)
+    torch.testing.assert_close(grad.cpu(), torch.ones(3), atol=0.1, rtol=0)  # E[dx/dalpha] = 1 at rate 1
+
+
 def test_randperm(mode):
     firsts = torch.stack([torch.randperm(10, device="tpu").cpu() for _ in range(2000)])
     assert all(sorted(row.tolist()) == list(range(10)) for row in firsts)

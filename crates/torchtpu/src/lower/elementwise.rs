@@ -1028,7 +1028,7 @@ fn digamma(cx: &mut Cx) -> Result<Vec<V>> {
     finish(cx, r, dtype)
 }
 
-fn digamma_of(cx: &mut Cx, x: V) -> V {
+pub(super) fn digamma_of(cx: &mut Cx, x: V) -> V {
     let r = cx.g.unary("chlo.digamma", x);
     let zero = full_like(cx, 0.0, x);
     let minus_one = full_like(cx, -1.0, x);

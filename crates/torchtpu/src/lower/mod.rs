@@ -50,6 +50,7 @@ mod nn;
 mod norm;
 mod optim;
 mod pad;
+mod pathwise;
 mod pool;
 mod random;
 mod reduce;
@@ -171,6 +172,7 @@ fn table() -> impl Iterator<Item = &'static Entry> {
         norm::ENTRIES,
         optim::ENTRIES,
         pad::ENTRIES,
+        pathwise::ENTRIES,
         pool::ENTRIES,
         random::ENTRIES,
         reduce::ENTRIES,
