@@ -179,6 +179,26 @@ def test_gamma_rsample_gradient_as_on_cpu(mode):
     torch.testing.assert_close(grad.cpu(), torch.ones(3), atol=0.1, rtol=0)  # E[dx/dalpha] = 1 at rate 1
 
 
+@pytest.mark.one_mode
+def test_beta_and_dirichlet_rsample_gradients_as_on_cpu(mode):
+    """`Beta` and `Dirichlet.rsample()`'s backward (`_dirichlet_grad`) equals
+    CPU's approximation in each branch: samples near 0 and near 1, both
+    parameters above 6, and the rational correction between."""
+    g = torch.Generator().manual_seed(0)
+    concentration = torch.cat([torch.tensor([[0.1, 0.2], [0.5, 3.0], [7.0, 9.0], [2.0, 2.0], [30.0, 0.3]],
+                                            dtype=torch.float64),
+                               torch.rand(100, 2, generator=g, dtype=torch.float64) * 15 + 0.05]).repeat(10, 1)
+    x = torch._sample_dirichlet(concentration, generator=g)[:, 0]
+    alpha, total = concentration[:, 0], concentration.sum(1)
+    expected = torch._dirichlet_grad(x, alpha, total)
+    actual = torch._dirichlet_grad(*(t.to("tpu") for t in (x, alpha, total))).cpu()
+    torch.testing.assert_close(actual, expected, rtol=1e-11, atol=0)
+    a, b = torch.tensor([2.0, 0.5], device="tpu", requires_grad=True), torch.tensor([3.0, 0.5], device="tpu")
+    (grad,) = torch.autograd.grad(torch.distributions.Beta(a, b).rsample((4000,)).mean(0).sum(), a)
+    # d E[x] / d alpha of Beta(alpha, beta) is beta / (alpha + beta)^2.
+    torch.testing.assert_close(grad.cpu(), torch.tensor([0.12, 0.5]), atol=0.03, rtol=0)
+
+
 def test_randperm(mode):
     firsts = torch.stack([torch.randperm(10, device="tpu").cpu() for _ in range(2000)])
     assert all(sorted(row.tolist()) == list(range(10)) for row in firsts)
