@@ -199,6 +199,29 @@ def test_beta_and_dirichlet_rsample_gradients_as_on_cpu(mode):
     torch.testing.assert_close(grad.cpu(), torch.tensor([0.12, 0.5]), atol=0.03, rtol=0)
 
 
+def test_rrelu_draws_its_slopes(mode):
+    """RReLU in training: each non-positive input times a slope uniform in
+    [lower, upper], recorded in `noise` (1 where the input is positive) and
+    the gradient; in evaluation the slopes' mean, `noise` untouched."""
+    x = torch.randn(N, generator=torch.Generator().manual_seed(0))
+    xt = x.to("tpu").requires_grad_()
+    noise = torch.full((N,), 7.0, device="tpu")
+    y = torch.ops.aten.rrelu_with_noise(xt, noise, 0.1, 0.3, True)
+    (grad,) = torch.autograd.grad(torch.nn.functional.rrelu(xt, 0.1, 0.3, training=True).sum(), xt)
+    y, noise, grad, negative = y.detach().cpu(), noise.cpu(), grad.cpu(), x <= 0
+    torch.testing.assert_close(y[negative], x[negative] * noise[negative])
+    assert torch.equal(y[~negative], x[~negative]) and (noise[~negative] == 1).all() and (grad[~negative] == 1).all()
+    assert noise[negative].min() >= 0.1 and noise[negative].max() <= 0.3
+    assert_moments(noise[negative], 0.2, 0.2 / math.sqrt(12))
+    assert_moments(grad[negative], 0.2, 0.2 / math.sqrt(12))
+    kept = torch.full((N,), 7.0, device="tpu")
+    y = torch.ops.aten.rrelu_with_noise(x.to("tpu"), kept, 0.1, 0.3, False).cpu()
+    torch.testing.assert_close(y, torch.nn.functional.leaky_relu(x, 0.2))
+    assert (kept.cpu() == 7).all()
+    # CPU checks the slopes' range only where it draws one: a positive input takes any.
+    torch.ops.aten.rrelu_with_noise(torch.ones(4, device="tpu"), kept[:4], 0.5, 0.3, True).cpu()
+
+
 def test_randperm(mode):
     firsts = torch.stack([torch.randperm(10, device="tpu").cpu() for _ in range(2000)])
     assert all(sorted(row.tolist()) == list(range(10)) for row in firsts)
@@ -248,6 +271,8 @@ def test_multinomial(mode):
     lambda d: torch.empty(3, device=d).geometric_(1.0),
     lambda d: torch.empty(3, dtype=torch.int32, device=d).log_normal_(),
     lambda d: torch.empty(3, dtype=torch.bool, device=d).geometric_(0.5),
+    lambda d: torch.ops.aten.rrelu_with_noise(torch.ones(4, device=d), torch.ones(3, device=d), 0.1, 0.3, True),
+    lambda d: torch.ops.aten.rrelu_with_noise(-torch.ones(4, device=d), torch.ones(4, device=d), 0.5, 0.3, True),
     # Tensor arguments' values, checked on the device.
     lambda d: torch.normal(torch.zeros(3, device=d), torch.tensor([1.0, -1.0, 1.0], device=d)),
     lambda d: torch.bernoulli(torch.tensor([0.5, 1.5], device=d)),

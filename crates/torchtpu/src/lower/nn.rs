@@ -8,7 +8,7 @@ use super::distance::Norm;
 use super::elementwise::{finish, float_only, full_like, not_implemented, promoted, round_to};
 use super::index::checked_indices;
 use super::random::uniform01;
-use super::{op, op_consts, wrap_dim, Cx, Entry};
+use super::{op, op_consts, op_writes, wrap_dim, Cx, Entry};
 use crate::error::{Error, Kind, Result};
 use crate::ir::dtype::{opmath, DType};
 use crate::ir::{ReduceKind, V};
@@ -24,6 +24,7 @@ pub static ACTIVATIONS: &[Entry] = &[
     op("silu", silu),
     op("silu_backward", silu_backward),
     op("leaky_relu", leaky_relu),
+    op_writes("rrelu_with_noise", rrelu_with_noise, &["noise"]).ruled(rrelu_rules),
     op("leaky_relu_backward", leaky_relu_backward),
     op("elu", elu),
     op("elu_backward", elu_backward),
@@ -271,6 +272,57 @@ fn leaky_relu(cx: &mut Cx) -> Result<Vec<V>> {
     let neg = mul(cx, x, slope);
     let r = where_positive(cx, x, x, neg);
     finish(cx, r, dtype)
+}
+
+/// CPU's check of `rrelu_with_noise`: `noise` of `self`'s shape.
+fn rrelu_rules(cx: &Cx) -> Result<()> {
+    let (xt, nt) = (cx.meta("self")?, cx.meta("noise")?);
+    if xt.sizes != nt.sizes {
+        return Err(Error::runtime(format!(
+            "noise tensor shape must match self tensor shape. Got self.shape = {:?} noise.shape = {:?}",
+            xt.sizes, nt.sizes
+        )));
+    }
+    Ok(())
+}
+
+/// Randomized leaky ReLU: in training each non-positive x times a slope
+/// drawn uniformly from [lower, upper], which `noise` records (1 where x is
+/// positive); in evaluation leaky_relu with the slopes' mean, `noise` kept.
+fn rrelu_with_noise(cx: &mut Cx) -> Result<Vec<V>> {
+    let (x, dtype) = float_self(cx, "rrelu_with_noise_out_cpu")?;
+    let noise_dtype = cx.meta("noise")?.dtype;
+    let (lower, upper) = (scalar_as(cx, "lower", x)?, scalar_as(cx, "upper", x)?);
+    if !cx.bool("training")? {
+        let sum = add(cx, lower, upper);
+        let half = full_like(cx, 0.5, x);
+        let slope = mul(cx, sum, half);
+        let neg = mul(cx, x, slope);
+        let r = where_positive(cx, x, x, neg);
+        let noise = cx.tensor("noise")?;
+        return Ok(vec![cx.g.convert(r, dtype), noise]);
+    }
+    let shape = cx.g.ty(x).shape.clone();
+    let u = uniform01(cx, &shape, Some("generator"))?;
+    let u = cx.g.convert(u, cx.g.ty(x).dtype);
+    let span = sub(cx, upper, lower);
+    let scaled = mul(cx, u, span);
+    let slope = add(cx, lower, scaled);
+    let zero = full_like(cx, 0.0, x);
+    let non_positive = cx.g.compare("LE", x, zero);
+    // CPU draws a slope only for a non-positive input, and checks its range then.
+    let reversed = cx.g.compare("GT", lower, upper);
+    let drawn = cx.g.binary("stablehlo.and", non_positive, reversed);
+    cx.check_any(
+        drawn,
+        Kind::Runtime,
+        "Expected from <= to to be true, but got false.  (Could this error message be improved?  If so, please report an enhancement request to PyTorch.)",
+    );
+    let neg = mul(cx, x, slope);
+    let r = cx.g.select(non_positive, neg, x);
+    let one = full_like(cx, 1.0, x);
+    let noise = cx.g.select(non_positive, slope, one);
+    Ok(vec![cx.g.convert(r, dtype), cx.g.convert(noise, noise_dtype)])
 }
 
 fn leaky_relu_backward(cx: &mut Cx) -> Result<Vec<V>> {
