@@ -199,6 +199,15 @@ def test_beta_and_dirichlet_rsample_gradients_as_on_cpu(mode):
     torch.testing.assert_close(grad.cpu(), torch.tensor([0.12, 0.5]), atol=0.03, rtol=0)
 
 
+@pytest.mark.parametrize("rate", [0.3, 9.9, 10.0, 1e5])
+def test_poisson(rate, mode):
+    """Poisson samples by inversion below rate 10 and CPU's transformed
+    rejection from 10 on: whole numbers with the distribution's moments."""
+    x = torch.poisson(torch.full((N,), rate, device="tpu")).cpu()
+    assert (x == x.round()).all() and x.min() >= 0
+    assert_moments(x, rate, math.sqrt(rate))
+
+
 def test_rrelu_draws_its_slopes(mode):
     """RReLU in training: each non-positive input times a slope uniform in
     [lower, upper], recorded in `noise` (1 where the input is positive) and
@@ -272,6 +281,8 @@ def test_multinomial(mode):
     lambda d: torch.empty(3, dtype=torch.int32, device=d).log_normal_(),
     lambda d: torch.empty(3, dtype=torch.bool, device=d).geometric_(0.5),
     lambda d: torch.ops.aten.rrelu_with_noise(torch.ones(4, device=d), torch.ones(3, device=d), 0.1, 0.3, True),
+    lambda d: torch.poisson(torch.tensor([1.0, -1.0], device=d)),
+    lambda d: torch.poisson(torch.tensor([3], device=d)),
     lambda d: torch.ops.aten.rrelu_with_noise(-torch.ones(4, device=d), torch.ones(4, device=d), 0.5, 0.3, True),
     # Tensor arguments' values, checked on the device.
     lambda d: torch.normal(torch.zeros(3, device=d), torch.tensor([1.0, -1.0, 1.0], device=d)),

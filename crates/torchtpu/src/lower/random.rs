@@ -21,6 +21,7 @@ pub static ENTRIES: &[Entry] = &[
     op("multinomial", multinomial),
     op("_standard_gamma", standard_gamma),
     op("_sample_dirichlet", sample_dirichlet),
+    op("poisson", poisson),
 ];
 
 /// Uniform floats in [0, 1) of `shape`, from the call's generator.
@@ -116,6 +117,15 @@ fn box_muller(cx: &mut Cx, u: V, row: i64) -> V {
     cx.g.binary("stablehlo.multiply", r, c)
 }
 
+/// Rejection sampling's bookkeeping: `value` becomes the sample where this
+/// try `accept`s and no earlier one did.
+fn keep_first(cx: &mut Cx, accept: V, value: V, sample: &mut V, found: &mut V) {
+    let first = cx.g.unary("stablehlo.not", *found);
+    let take = cx.g.binary("stablehlo.and", accept, first);
+    *sample = cx.g.select(take, value, *sample);
+    *found = cx.g.binary("stablehlo.or", *found, accept);
+}
+
 /// Tries of Marsaglia and Tsang's method: each is accepted with probability
 /// above 0.95 (alpha >= 1 after the boost), so a sample runs past all of
 /// them with probability below 1e-15.
@@ -175,11 +185,8 @@ fn gamma_samples(cx: &mut Cx, alpha: V) -> Result<V> {
         let full = cx.g.compare("LT", log_u, w);
         let accept = cx.g.binary("stablehlo.or", squeeze, full);
         let accept = cx.g.binary("stablehlo.and", valid, accept);
-        let first = cx.g.unary("stablehlo.not", found);
-        let take = cx.g.binary("stablehlo.and", accept, first);
         let value = cx.g.binary("stablehlo.multiply", scale_d, v);
-        sample = cx.g.select(take, value, sample);
-        found = cx.g.binary("stablehlo.or", found, accept);
+        keep_first(cx, accept, value, &mut sample, &mut found);
     }
     let none = cx.g.compare("EQ", alpha, zero);
     Ok(cx.g.select(none, zero, sample))
@@ -217,6 +224,140 @@ fn standard_gamma(cx: &mut Cx) -> Result<Vec<V>> {
     let g = gamma_of_self(cx, "gamma_cpu")?;
     let g = at_least_normal(cx, g, t.dtype);
     Ok(vec![cx.g.reshape(g, t.sizes)])
+}
+
+/// Rates below this are sampled by inversion, from CPU's threshold.
+const POISSON_SMALL: f64 = 10.0;
+/// Terms of the inverted CDF below POISSON_SMALL: a sample past them has
+/// probability below 1e-12.
+const POISSON_TERMS: i64 = 40;
+/// Tries of Hörmann's transformed rejection (PTRS) at POISSON_SMALL and
+/// above, unrolled as the gamma sampler's: each accepted with probability
+/// above 0.85, all of them rejected below 1e-10.
+const POISSON_TRIES: i64 = 12;
+
+/// `poisson(rates)`: a Poisson sample per element, in double as CPU's.
+/// Rates from 10 on take CPU's method, Hörmann's transformed rejection
+/// (1993); smaller ones invert the CDF (CPU multiplies uniforms until their
+/// product falls below exp(-rate): the same distribution, one uniform
+/// instead of a loop as long as the sample).
+fn poisson(cx: &mut Cx) -> Result<Vec<V>> {
+    let t = cx.meta("self")?;
+    if !t.dtype.is_float() {
+        return Err(not_implemented("poisson_cpu", t.dtype));
+    }
+    let n = t.numel();
+    let shape = [1, n];
+    let rate = cx.tensor("self")?;
+    let rate = cx.g.convert(rate, DType::F64);
+    let rate = cx.g.reshape(rate, &shape);
+    let c = |cx: &mut Cx, v: f64| cx.g.full(v, DType::F64, &shape);
+    let zero = c(cx, 0.0);
+    let valid = cx.g.compare("GE", rate, zero);
+    let invalid = cx.g.unary("stablehlo.not", valid);
+    cx.check_any(invalid, Kind::Runtime, "invalid Poisson rate, expected rate to be non-negative");
+    let u = uniform01(cx, &[2 * POISSON_TRIES + 1, n], Some("generator"))?;
+    let u = cx.g.convert(u, DType::F64);
+    let row = |cx: &mut Cx, r: i64| cx.g.slice(u, &[r, 0], &[r + 1, n], &[1, 1]);
+
+    // Inversion: the count of k whose CDF lies below u.
+    let target = row(cx, 2 * POISSON_TRIES);
+    let minus = cx.g.unary("stablehlo.negate", rate);
+    let p = cx.g.unary("stablehlo.exponential", minus);
+    let trips = cx.g.scalar(POISSON_TERMS as f64, DType::I32);
+    let small = cx.g.counted_loop(trips, &[p, p, zero, rate, target], |g, k, v| {
+        let (p, cdf, count, rate, target) = (v[0], v[1], v[2], v[3], v[4]);
+        let below = g.compare("LT", cdf, target);
+        let below = g.convert(below, DType::F64);
+        let count = g.binary("stablehlo.add", count, below);
+        let next = g.convert(k, DType::F64);
+        let next = g.broadcast_in_dim(next, &shape, &[]);
+        let one = g.full(1.0, DType::F64, &shape);
+        let next = g.binary("stablehlo.add", next, one);
+        let ratio = g.binary("stablehlo.divide", rate, next);
+        let p = g.binary("stablehlo.multiply", p, ratio);
+        let cdf = g.binary("stablehlo.add", cdf, p);
+        vec![p, cdf, count, rate, target]
+    })[2];
+
+    // PTRS, CPU's constants.
+    let slam = cx.g.unary("stablehlo.sqrt", rate);
+    let loglam = cx.g.unary("stablehlo.log", rate);
+    let affine = |cx: &mut Cx, x: V, k: f64, b: f64| {
+        let (k, b) = (c(cx, k), c(cx, b));
+        let x = cx.g.binary("stablehlo.multiply", k, x);
+        cx.g.binary("stablehlo.add", x, b)
+    };
+    let b = affine(cx, slam, 2.53, 0.931);
+    let a = affine(cx, b, 0.02483, -0.059);
+    let shifted = affine(cx, b, 1.0, -3.4);
+    let constant = c(cx, 1.1328);
+    let inv = cx.g.binary("stablehlo.divide", constant, shifted);
+    let invalpha = affine(cx, inv, 1.0, 1.1239);
+    let log_invalpha = cx.g.unary("stablehlo.log", invalpha);
+    let shifted = affine(cx, b, 1.0, -2.0);
+    let constant = c(cx, 3.6224);
+    let inv = cx.g.binary("stablehlo.divide", constant, shifted);
+    let constant = c(cx, 0.9277);
+    let vr = cx.g.binary("stablehlo.subtract", constant, inv);
+    let (mut sample, mut found) = (zero, cx.g.compare("NE", zero, zero));
+    for k in 0..POISSON_TRIES {
+        let uu = row(cx, 2 * k);
+        let uu = affine(cx, uu, 1.0, -0.5);
+        let v = row(cx, 2 * k + 1);
+        let constant = c(cx, 1.0);
+        let v = cx.g.binary("stablehlo.subtract", constant, v);
+        let abs = cx.g.unary("stablehlo.abs", uu);
+        let constant = c(cx, 0.5);
+        let us = cx.g.binary("stablehlo.subtract", constant, abs);
+        // k = floor((2 a / us + b) U + rate + 0.43)
+        let constant = c(cx, 2.0);
+        let two_a = cx.g.binary("stablehlo.multiply", constant, a);
+        let slope = cx.g.binary("stablehlo.divide", two_a, us);
+        let slope = cx.g.binary("stablehlo.add", slope, b);
+        let x = cx.g.binary("stablehlo.multiply", slope, uu);
+        let x = cx.g.binary("stablehlo.add", x, rate);
+        let x = affine(cx, x, 1.0, 0.43);
+        let kk = cx.g.unary("stablehlo.floor", x);
+        let constant = c(cx, 0.07);
+        let wide = cx.g.compare("GE", us, constant);
+        let low_v = cx.g.compare("LE", v, vr);
+        let fast = cx.g.binary("stablehlo.and", wide, low_v);
+        let negative = cx.g.compare("LT", kk, zero);
+        let constant = c(cx, 0.013);
+        let narrow = cx.g.compare("LT", us, constant);
+        let high_v = cx.g.compare("GT", v, us);
+        let squeezed = cx.g.binary("stablehlo.and", narrow, high_v);
+        let rejected = cx.g.binary("stablehlo.or", negative, squeezed);
+        // log V + log invalpha - log(a / us² + b) <= -rate + k log rate - lgamma(k + 1)
+        let log_v = cx.g.unary("stablehlo.log", v);
+        let us2 = cx.g.binary("stablehlo.multiply", us, us);
+        let q = cx.g.binary("stablehlo.divide", a, us2);
+        let q = cx.g.binary("stablehlo.add", q, b);
+        let log_q = cx.g.unary("stablehlo.log", q);
+        let left = cx.g.binary("stablehlo.add", log_v, log_invalpha);
+        let left = cx.g.binary("stablehlo.subtract", left, log_q);
+        let k1 = affine(cx, kk, 1.0, 1.0);
+        let lg = cx.g.unary("chlo.lgamma", k1);
+        let right = cx.g.binary("stablehlo.multiply", kk, loglam);
+        let right = cx.g.binary("stablehlo.subtract", right, rate);
+        let right = cx.g.binary("stablehlo.subtract", right, lg);
+        let slow = cx.g.compare("LE", left, right);
+        let kept = cx.g.unary("stablehlo.not", rejected);
+        let slow = cx.g.binary("stablehlo.and", kept, slow);
+        let accept = cx.g.binary("stablehlo.or", fast, slow);
+        keep_first(cx, accept, kk, &mut sample, &mut found);
+    }
+    let constant = c(cx, POISSON_SMALL);
+    let is_small = cx.g.compare("LT", rate, constant);
+    let r = cx.g.select(is_small, small, sample);
+    // An infinite rate: CPU's int64 overflow, -2^63.
+    let constant = c(cx, f64::INFINITY);
+    let infinite = cx.g.compare("EQ", rate, constant);
+    let overflow = c(cx, -9.223372036854775808e18);
+    let r = cx.g.select(infinite, overflow, r);
+    let r = cx.g.convert(r, t.dtype);
+    Ok(vec![cx.g.reshape(r, t.sizes)])
 }
 
 /// `_sample_dirichlet(alpha)`: Gamma samples normalised over the last
