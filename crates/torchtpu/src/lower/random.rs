@@ -283,19 +283,20 @@ fn poisson(cx: &mut Cx) -> Result<Vec<V>> {
     // PTRS, CPU's constants.
     let slam = cx.g.unary("stablehlo.sqrt", rate);
     let loglam = cx.g.unary("stablehlo.log", rate);
-    let affine = |cx: &mut Cx, x: V, k: f64, b: f64| {
+    // k x + b, as CPU's constants read.
+    let linear = |cx: &mut Cx, x: V, k: f64, b: f64| {
         let (k, b) = (c(cx, k), c(cx, b));
         let x = cx.g.binary("stablehlo.multiply", k, x);
         cx.g.binary("stablehlo.add", x, b)
     };
-    let b = affine(cx, slam, 2.53, 0.931);
-    let a = affine(cx, b, 0.02483, -0.059);
-    let shifted = affine(cx, b, 1.0, -3.4);
+    let b = linear(cx, slam, 2.53, 0.931);
+    let a = linear(cx, b, 0.02483, -0.059);
+    let shifted = linear(cx, b, 1.0, -3.4);
     let constant = c(cx, 1.1328);
     let inv = cx.g.binary("stablehlo.divide", constant, shifted);
-    let invalpha = affine(cx, inv, 1.0, 1.1239);
+    let invalpha = linear(cx, inv, 1.0, 1.1239);
     let log_invalpha = cx.g.unary("stablehlo.log", invalpha);
-    let shifted = affine(cx, b, 1.0, -2.0);
+    let shifted = linear(cx, b, 1.0, -2.0);
     let constant = c(cx, 3.6224);
     let inv = cx.g.binary("stablehlo.divide", constant, shifted);
     let constant = c(cx, 0.9277);
@@ -303,21 +304,18 @@ fn poisson(cx: &mut Cx) -> Result<Vec<V>> {
     let (mut sample, mut found) = (zero, cx.g.compare("NE", zero, zero));
     for k in 0..POISSON_TRIES {
         let uu = row(cx, 2 * k);
-        let uu = affine(cx, uu, 1.0, -0.5);
+        let uu = linear(cx, uu, 1.0, -0.5);
         let v = row(cx, 2 * k + 1);
-        let constant = c(cx, 1.0);
-        let v = cx.g.binary("stablehlo.subtract", constant, v);
+        let v = linear(cx, v, -1.0, 1.0);
         let abs = cx.g.unary("stablehlo.abs", uu);
-        let constant = c(cx, 0.5);
-        let us = cx.g.binary("stablehlo.subtract", constant, abs);
+        let us = linear(cx, abs, -1.0, 0.5);
         // k = floor((2 a / us + b) U + rate + 0.43)
-        let constant = c(cx, 2.0);
-        let two_a = cx.g.binary("stablehlo.multiply", constant, a);
+        let two_a = linear(cx, a, 2.0, 0.0);
         let slope = cx.g.binary("stablehlo.divide", two_a, us);
         let slope = cx.g.binary("stablehlo.add", slope, b);
         let x = cx.g.binary("stablehlo.multiply", slope, uu);
         let x = cx.g.binary("stablehlo.add", x, rate);
-        let x = affine(cx, x, 1.0, 0.43);
+        let x = linear(cx, x, 1.0, 0.43);
         let kk = cx.g.unary("stablehlo.floor", x);
         let constant = c(cx, 0.07);
         let wide = cx.g.compare("GE", us, constant);
@@ -337,7 +335,7 @@ fn poisson(cx: &mut Cx) -> Result<Vec<V>> {
         let log_q = cx.g.unary("stablehlo.log", q);
         let left = cx.g.binary("stablehlo.add", log_v, log_invalpha);
         let left = cx.g.binary("stablehlo.subtract", left, log_q);
-        let k1 = affine(cx, kk, 1.0, 1.0);
+        let k1 = linear(cx, kk, 1.0, 1.0);
         let lg = cx.g.unary("chlo.lgamma", k1);
         let right = cx.g.binary("stablehlo.multiply", kk, loglam);
         let right = cx.g.binary("stablehlo.subtract", right, rate);
