@@ -104,6 +104,7 @@ fn main() {
         "csrc/nested.cpp",
         "csrc/precision.cpp",
         "csrc/python_backend.cpp",
+        "csrc/sparse.cpp",
         "csrc/store.cpp",
     ];
     let mut build = cc::Build::new();

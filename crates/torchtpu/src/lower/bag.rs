@@ -17,7 +17,6 @@ use crate::lower::args::Tensor;
 pub static ENTRIES: &[Entry] = &[
     op("_embedding_bag", |cx| forward(cx, false)),
     op("_embedding_bag_forward_only", |cx| forward(cx, true)),
-    op("_embedding_bag_backward", dense_backward),
     op("_embedding_bag_dense_backward", dense_backward),
     op("_embedding_bag_per_sample_weights_backward", per_sample_weights_backward),
 ];
@@ -234,11 +233,6 @@ fn dense_backward(cx: &mut Cx) -> Result<Vec<V>> {
     let (gt, it, bt) = (cx.meta("grad")?, cx.meta("indices")?, cx.meta("offset2bag")?);
     let rows = cx.int("num_weights")?;
     let mode = cx.int("mode")?;
-    if cx.has("sparse") && cx.bool("sparse")? {
-        return Err(Error::runtime(
-            "torchtpu: embedding_bag(sparse=True) has a sparse gradient, and tpu has no sparse tensors; use sparse=False",
-        ));
-    }
     let (n, bags, d) = (it.numel(), gt.sizes[0], gt.sizes[1]);
     let ct = opmath(gt.dtype);
     let g = cx.tensor("grad")?;
