@@ -257,6 +257,34 @@ def ddp_rank0_logs():
     dist.destroy_process_group()
 
 
+def ddp_sparse_embedding():
+    """DDP of an EmbeddingBag with sparse gradients (a recommender's table):
+    trains as one CPU process on the global batch. Sparse gradients are
+    all-reduced by gloo on the CPU (counted fallbacks)."""
+    import warnings
+
+    warnings.filterwarnings("ignore", message="Sparse invariant checks")
+    rank, world, device = _setup()
+
+    def model():
+        torch.manual_seed(0)
+        return nn.Sequential(nn.EmbeddingBag(50, 8, sparse=True), nn.Linear(8, 1))
+
+    data = torch.randint(0, 50, (4, ROWS * world, 5), generator=torch.Generator().manual_seed(1))
+    ddp = nn.parallel.DistributedDataParallel(model().to(device))
+    ref = model()
+    for module, rows in ((ddp, slice(ROWS * rank, ROWS * (rank + 1))), (ref, slice(None))):
+        opt = torch.optim.SGD(module.parameters(), lr=0.5)
+        for batch in data:
+            opt.zero_grad()
+            module(batch[rows].to(next(module.parameters()).device)).pow(2).mean().backward()
+            opt.step()
+    for p, r in zip(ddp.module.parameters(), ref.parameters()):
+        _same(p.detach(), r.detach(), "DDP sparse embedding parameter", rtol=1e-5, atol=1e-6)
+    assert set(torchtpu.metrics()["fallbacks"]) == {"c10d::allreduce_"}
+    dist.destroy_process_group()
+
+
 def fsdp2():
     """FSDP2's fully_shard: parameters are sharded DTensors; training equals
     one CPU process on the global batch."""

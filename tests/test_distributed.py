@@ -48,6 +48,10 @@ def test_collectives_equal_gloo_on_cpu():
     launch("collectives", world=4)
 
 
+def test_ddp_with_sparse_embedding_gradients():
+    launch("ddp_sparse_embedding")
+
+
 def test_fsdp2_trains_as_one_cpu_process():
     launch("fsdp2")
 
