@@ -202,3 +202,27 @@ def test_sparse_updates_settle():
         emb.weight.sum().item()
         compiled.append(torchtpu.metrics()["compilations"] - before)
     assert sum(compiled[-4:]) == 0, compiled
+
+
+def test_compiled_sparse_embedding_as_on_cpu():
+    """A compiled graph returning a sparse gradient runs its ops eagerly
+    (an XLA program's values are dense), reported with its reason."""
+
+    def train(device):
+        torch.manual_seed(0)
+        emb = torch.nn.Embedding(20, 8, sparse=True).to(device)
+        step = torch.compile(lambda i: emb(i).pow(2).mean())
+        opt = torch.optim.SGD(emb.parameters(), lr=0.5)
+        for _ in range(2):
+            opt.zero_grad()
+            step(torch.tensor([[1, 2, 3], [3, 4, 19]], device=device)).backward()
+            assert emb.weight.grad.is_sparse
+            opt.step()
+        return emb.weight.detach().cpu()
+
+    torch._dynamo.reset()
+    expected = train("cpu")
+    torch._dynamo.reset()
+    torchtpu.reset_metrics()
+    torch.testing.assert_close(train("tpu"), expected)
+    assert list(torchtpu.metrics()["eager_graphs"].values()) == ["it computes sparse tensors"]

@@ -137,6 +137,9 @@ class Graph:
             if getter is None:
                 self.eager = f"it returns a {type(_value(o)).__name__} computed from sizes"
             self.sizes.append((i, getter))
+        # A program's values are dense arrays; sparse tensors' ops run eagerly.
+        if any(getattr(_value(n), "layout", torch.strided) != torch.strided for n in gm.graph.nodes):
+            self.eager = "it computes sparse tensors"
         if self.eager:
             _C.graph_eager(name, self.eager)
 
