@@ -24,6 +24,7 @@
 #include <ATen/native/CPUFallback.h>
 #include <ATen/native/SparseTensorUtils.h>
 #include <ATen/ops/_embedding_bag_backward_native.h>
+#include <ATen/ops/_to_sparse_native.h>
 #include <torch/library.h>
 
 namespace torchtpu {
@@ -259,11 +260,18 @@ TORCH_LIBRARY_IMPL(_, SparseCsrPrivateUse1, m) {
   m.fallback(torch::CppFunction::makeFromBoxedFunction<&torchtpu::on_cpu<torchtpu::SparseCsrCPU>>());
 }
 
-// EmbeddingBag's backward: PyTorch's kernel, the one CPU and CUDA share, finds
-// each index's bag where the forward left it out and then builds the sparse
-// gradient from ATen ops or calls _embedding_bag_dense_backward (lowered).
+// Dense operators with sparse results, by PyTorch's kernels that CPU and CUDA
+// share: EmbeddingBag's backward (finds each index's bag where the forward
+// left it out, then builds the sparse gradient from ATen ops or calls the
+// lowered _embedding_bag_dense_backward) and to_sparse (nonzero, a gather).
+constexpr at::Tensor (*dense_to_sparse)(const at::Tensor&, int64_t) = &at::native::dense_to_sparse;
+constexpr at::Tensor (*dense_to_layout)(const at::Tensor&, std::optional<at::Layout>, at::OptionalIntArrayRef,
+                                        std::optional<int64_t>) = &at::native::dense_to_sparse;
+
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("_embedding_bag_backward", TORCH_FN(at::native::_embedding_bag_backward_symint));
+  m.impl("_to_sparse.sparse_dim", TORCH_FN(dense_to_sparse));
+  m.impl("_to_sparse", TORCH_FN(dense_to_layout));
 }
 
 // Operators with a sparse CPU kernel and none above would reach a composite
