@@ -208,6 +208,27 @@ def test_poisson(rate, mode):
     assert_moments(x, rate, math.sqrt(rate))
 
 
+@pytest.mark.parametrize("count, prob", [(20, 0.3), (100, 0.1), (40, 0.8), (1e6, 0.5)])
+def test_binomial(count, prob, mode):
+    """Binomial samples by inversion below a mean of 10 and CPU's BTRS from
+    10 on (the larger chance counted down from `count`): whole numbers in
+    [0, count] with the distribution's moments."""
+    x = torch.binomial(torch.full((N,), float(count), device="tpu"), torch.full((N,), prob, device="tpu")).cpu()
+    assert (x == x.round()).all() and x.min() >= 0 and x.max() <= count
+    assert_moments(x, count * prob, math.sqrt(count * prob * (1 - prob)))
+
+
+def test_binomial_edges_and_errors_as_on_cpu():
+    count = torch.tensor([5.0, -1.0, 0.0, 7.0, 7.0, 3.0, 5.0, 5.0, 0.0])
+    prob = torch.tensor([0.0, 0.5, 0.5, 0.0, 1.0, float("nan"), 1.5, -0.5, float("nan")])
+    expected = torch.binomial(count, prob)
+    torch.testing.assert_close(torch.binomial(count.to("tpu"), prob.to("tpu")).cpu(), expected, equal_nan=True)
+    with pytest.raises(ValueError) as on_cpu:
+        torch.binomial(torch.ones(2, dtype=torch.long), torch.ones(2))
+    with pytest.raises(ValueError, match=re.escape(str(on_cpu.value))):
+        torch.binomial(torch.ones(2, dtype=torch.long, device="tpu"), torch.ones(2, device="tpu"))
+
+
 def test_rrelu_draws_its_slopes(mode):
     """RReLU in training: each non-positive input times a slope uniform in
     [lower, upper], recorded in `noise` (1 where the input is positive) and

@@ -6,7 +6,7 @@ use super::rules::{float_max, number, streamed};
 use super::{op, op_consts, Cx, Entry};
 use crate::error::{Error, Kind, Result};
 use crate::ir::dtype::{opmath, DType};
-use crate::ir::{ReduceKind, Ty, V};
+use crate::ir::{Graph, ReduceKind, Ty, V};
 
 pub static ENTRIES: &[Entry] = &[
     op("uniform", uniform).ruled(uniform_rules),
@@ -22,6 +22,7 @@ pub static ENTRIES: &[Entry] = &[
     op("_standard_gamma", standard_gamma),
     op("_sample_dirichlet", sample_dirichlet),
     op("poisson", poisson),
+    op("binomial", binomial),
 ];
 
 /// Uniform floats in [0, 1) of `shape`, from the call's generator.
@@ -236,6 +237,23 @@ const POISSON_TERMS: i64 = 40;
 /// above 0.85, all of them rejected below 1e-10.
 const POISSON_TRIES: i64 = 12;
 
+/// Hörmann's transformed rejection (PTRS, BTRS) from a uniform u in [0, 1):
+/// with U = u - 1/2, us = 1/2 - |U| and (2 a / us + b) U, to which a
+/// sampler adds its center before the floor.
+fn transformed_proposal(g: &mut Graph, u: V, a: V, b: V) -> (V, V) {
+    let shape = g.ty(u).shape.clone();
+    let h = g.full(0.5, DType::F64, &shape);
+    let uu = g.binary("stablehlo.subtract", u, h);
+    let abs = g.unary("stablehlo.abs", uu);
+    let us = g.binary("stablehlo.subtract", h, abs);
+    let two = g.full(2.0, DType::F64, &shape);
+    let two_a = g.binary("stablehlo.multiply", two, a);
+    let slope = g.binary("stablehlo.divide", two_a, us);
+    let slope = g.binary("stablehlo.add", slope, b);
+    let x = g.binary("stablehlo.multiply", slope, uu);
+    (us, x)
+}
+
 /// `poisson(rates)`: a Poisson sample per element, in double as CPU's.
 /// Rates from 10 on take CPU's method, Hörmann's transformed rejection
 /// (1993); smaller ones invert the CDF (CPU multiplies uniforms until their
@@ -304,16 +322,10 @@ fn poisson(cx: &mut Cx) -> Result<Vec<V>> {
     let (mut sample, mut found) = (zero, cx.g.compare("NE", zero, zero));
     for k in 0..POISSON_TRIES {
         let uu = row(cx, 2 * k);
-        let uu = linear(cx, uu, 1.0, -0.5);
         let v = row(cx, 2 * k + 1);
         let v = linear(cx, v, -1.0, 1.0);
-        let abs = cx.g.unary("stablehlo.abs", uu);
-        let us = linear(cx, abs, -1.0, 0.5);
         // k = floor((2 a / us + b) U + rate + 0.43)
-        let two_a = linear(cx, a, 2.0, 0.0);
-        let slope = cx.g.binary("stablehlo.divide", two_a, us);
-        let slope = cx.g.binary("stablehlo.add", slope, b);
-        let x = cx.g.binary("stablehlo.multiply", slope, uu);
+        let (us, x) = transformed_proposal(&mut cx.g, uu, a, b);
         let x = cx.g.binary("stablehlo.add", x, rate);
         let x = linear(cx, x, 1.0, 0.43);
         let kk = cx.g.unary("stablehlo.floor", x);
@@ -354,6 +366,243 @@ fn poisson(cx: &mut Cx) -> Result<Vec<V>> {
     let infinite = cx.g.compare("EQ", rate, constant);
     let overflow = c(cx, -9.223372036854775808e18);
     let r = cx.g.select(infinite, overflow, r);
+    let r = cx.g.convert(r, t.dtype);
+    Ok(vec![cx.g.reshape(r, t.sizes)])
+}
+
+/// Below this mean (of the smaller of p and 1 - p) CPU inverts; from it on
+/// it takes BTRS.
+const BINOMIAL_SMALL: f64 = 10.0;
+/// Terms of the inverted CDF below BINOMIAL_SMALL: past 40 with a mean under
+/// 10 has probability below 1e-12.
+const BINOMIAL_TERMS: i64 = 40;
+/// Tries of BTRS, in a counted loop: each accepted with probability above
+/// 0.7 (0.71 at the smallest mean, from a simulation of CPU's constants),
+/// all rejected below 1e-12.
+const BINOMIAL_TRIES: i64 = 24;
+
+/// Stirling's approximation's tail of log k! for k >= 0 (CPU's table
+/// below 10, its series above).
+fn stirling_tail(g: &mut Graph, k: V) -> V {
+    const TABLE: [f64; 10] = [
+        0.0810614667953272,
+        0.0413406959554092,
+        0.0276779256849983,
+        0.02079067210376509,
+        0.0166446911898211,
+        0.0138761288230707,
+        0.0118967099458917,
+        0.0104112652619720,
+        0.00925546218271273,
+        0.00833056343336287,
+    ];
+    let shape = g.ty(k).shape.clone();
+    let c = |g: &mut Graph, v: f64| g.full(v, DType::F64, &shape);
+    // (1/12 - (1/360 - 1/1260 / (k+1)²) / (k+1)²) / (k+1)
+    let one = c(g, 1.0);
+    let k1 = g.binary("stablehlo.add", k, one);
+    let sq = g.binary("stablehlo.multiply", k1, k1);
+    let t = c(g, 1.0 / 1260.0);
+    let t = g.binary("stablehlo.divide", t, sq);
+    let third = c(g, 1.0 / 360.0);
+    let t = g.binary("stablehlo.subtract", third, t);
+    let t = g.binary("stablehlo.divide", t, sq);
+    let twelfth = c(g, 1.0 / 12.0);
+    let t = g.binary("stablehlo.subtract", twelfth, t);
+    let mut r = g.binary("stablehlo.divide", t, k1);
+    for (i, v) in TABLE.iter().enumerate() {
+        let at = c(g, i as f64);
+        let here = g.compare("EQ", k, at);
+        let value = c(g, *v);
+        r = g.select(here, value, r);
+    }
+    r
+}
+
+/// `binomial(count, prob)`: a sample per element, in double as CPU's. With
+/// q the smaller of prob and 1 - prob (a sample for 1 - prob counted from
+/// `count` down), a mean count q from 10 on takes CPU's BTRS (Hörmann's
+/// transformed rejection, its log-ratio bound as CPU writes it); smaller
+/// ones invert the CDF (CPU counts geometric draws until they pass
+/// `count`: the same distribution, one uniform instead of a loop as long as
+/// the sample). `count` <= 0 or `prob` <= 0 give 0, `prob` >= 1 `count`.
+fn binomial(cx: &mut Cx) -> Result<Vec<V>> {
+    let (t, pt) = (cx.meta("count")?, cx.meta("prob")?);
+    if !t.dtype.is_float() {
+        return Err(Error::value(format!(
+            "binomial only supports floating-point dtypes for count, got: {}",
+            t.dtype.torch_name()
+        )));
+    }
+    if pt.sizes != t.sizes {
+        return Err(Error::fallback("binomial of a broadcast prob"));
+    }
+    let n = t.numel();
+    let shape = [1, n];
+    let read = |cx: &mut Cx, name: &str| -> Result<V> {
+        let v = cx.tensor(name)?;
+        let v = cx.g.convert(v, DType::F64);
+        Ok(cx.g.reshape(v, &shape))
+    };
+    let (count, prob) = (read(cx, "count")?, read(cx, "prob")?);
+    let c = |cx: &mut Cx, v: f64| cx.g.full(v, DType::F64, &shape);
+    let (zero, half, one) = (c(cx, 0.0), c(cx, 0.5), c(cx, 1.0));
+    let upper = cx.g.compare("GT", prob, half);
+    let complement = cx.g.binary("stablehlo.subtract", one, prob);
+    let q = cx.g.select(upper, complement, prob);
+    let u = uniform01(cx, &[2 * BINOMIAL_TRIES + 1, n], Some("generator"))?;
+    let u = cx.g.convert(u, DType::F64);
+
+    // Inversion: the count of k whose CDF lies below u; P(0) = (1 - q)^count.
+    let target = cx.g.slice(u, &[2 * BINOMIAL_TRIES, 0], &[2 * BINOMIAL_TRIES + 1, n], &[1, 1]);
+    let minus_q = cx.g.unary("stablehlo.negate", q);
+    let log_q0 = cx.g.unary("stablehlo.log_plus_one", minus_q);
+    let log_p0 = cx.g.binary("stablehlo.multiply", count, log_q0);
+    let p0 = cx.g.unary("stablehlo.exponential", log_p0);
+    let rest = cx.g.binary("stablehlo.subtract", one, q);
+    let odds = cx.g.binary("stablehlo.divide", q, rest);
+    let trips = cx.g.scalar(BINOMIAL_TERMS as f64, DType::I32);
+    let small = cx.g.counted_loop(trips, &[p0, p0, zero, count, odds, target], |g, k, v| {
+        let (p, cdf, sample, count, odds, target) = (v[0], v[1], v[2], v[3], v[4], v[5]);
+        let below = g.compare("LT", cdf, target);
+        let below = g.convert(below, DType::F64);
+        let sample = g.binary("stablehlo.add", sample, below);
+        // P(k+1) = P(k) (count - k) / (k + 1) odds
+        let k = g.convert(k, DType::F64);
+        let k = g.broadcast_in_dim(k, &shape, &[]);
+        let one = g.full(1.0, DType::F64, &shape);
+        let next = g.binary("stablehlo.add", k, one);
+        let left = g.binary("stablehlo.subtract", count, k);
+        let ratio = g.binary("stablehlo.divide", left, next);
+        let ratio = g.binary("stablehlo.multiply", ratio, odds);
+        let p = g.binary("stablehlo.multiply", p, ratio);
+        let cdf = g.binary("stablehlo.add", cdf, p);
+        vec![p, cdf, sample, count, odds, target]
+    })[2];
+
+    // BTRS, CPU's constants.
+    let linear = |cx: &mut Cx, x: V, k: f64, b: f64| {
+        let (k, b) = (c(cx, k), c(cx, b));
+        let x = cx.g.binary("stablehlo.multiply", k, x);
+        cx.g.binary("stablehlo.add", x, b)
+    };
+    let mean = cx.g.binary("stablehlo.multiply", count, q);
+    let rest = cx.g.binary("stablehlo.subtract", one, q);
+    let variance = cx.g.binary("stablehlo.multiply", mean, rest);
+    let stddev = cx.g.unary("stablehlo.sqrt", variance);
+    let b = linear(cx, stddev, 2.53, 1.15);
+    let a = linear(cx, b, 0.0248, -0.0873);
+    let q100 = linear(cx, q, 0.01, 0.0);
+    let a = cx.g.binary("stablehlo.add", a, q100);
+    let center = linear(cx, mean, 1.0, 0.5);
+    let inv_b = cx.g.binary("stablehlo.divide", one, b);
+    let v_r = linear(cx, inv_b, -4.2, 0.92);
+    let alpha = linear(cx, inv_b, 5.1, 2.83);
+    let alpha = cx.g.binary("stablehlo.multiply", alpha, stddev);
+    let count1 = linear(cx, count, 1.0, 1.0);
+    let m = cx.g.binary("stablehlo.multiply", count1, q);
+    let m = cx.g.unary("stablehlo.floor", m);
+    // The bound's terms that do not depend on the try's k.
+    let m1 = linear(cx, m, 1.0, 1.0);
+    let left = cx.g.binary("stablehlo.subtract", count1, m);
+    let r_left = cx.g.binary("stablehlo.multiply", odds, left);
+    let ratio = cx.g.binary("stablehlo.divide", m1, r_left);
+    let log_ratio = cx.g.unary("stablehlo.log", ratio);
+    let mh = linear(cx, m, 1.0, 0.5);
+    let fixed = cx.g.binary("stablehlo.multiply", mh, log_ratio);
+    let tail_m = stirling_tail(&mut cx.g, m);
+    let count_m = cx.g.binary("stablehlo.subtract", count, m);
+    let tail_count_m = stirling_tail(&mut cx.g, count_m);
+    let fixed = cx.g.binary("stablehlo.add", fixed, tail_m);
+    let fixed = cx.g.binary("stablehlo.add", fixed, tail_count_m);
+    let trips = cx.g.scalar(BINOMIAL_TRIES as f64, DType::I32);
+    let no = cx.g.compare("NE", zero, zero);
+    let init = [zero, no, u, count, q, a, b, center, v_r, alpha, fixed, left];
+    let large = cx.g.counted_loop(trips, &init, |g, k, v| {
+        let (sample, found, u, count, q, a, b, center, v_r, alpha, fixed, left) =
+            (v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7], v[8], v[9], v[10], v[11]);
+        let c = |g: &mut Graph, x: f64| g.full(x, DType::F64, &shape);
+        let two = g.scalar(2.0, DType::I32);
+        let row = g.binary("stablehlo.multiply", k, two);
+        let zero_i = g.scalar(0.0, DType::I32);
+        let pair = g.dynamic_slice(u, &[row, zero_i], &[2, n]);
+        let uu = g.slice(pair, &[0, 0], &[1, n], &[1, 1]);
+        let v = g.slice(pair, &[1, 0], &[2, n], &[1, 1]);
+        // k = floor((2 a / us + b) U + c)
+        let (us, x) = transformed_proposal(g, uu, a, b);
+        let x = g.binary("stablehlo.add", x, center);
+        let kk = g.unary("stablehlo.floor", x);
+        let zero = c(g, 0.0);
+        let negative = g.compare("LT", kk, zero);
+        let over = g.compare("GT", kk, count);
+        let rejected = g.binary("stablehlo.or", negative, over);
+        let kept = g.unary("stablehlo.not", rejected);
+        let wide = c(g, 0.07);
+        let wide = g.compare("GE", us, wide);
+        let low_v = g.compare("LE", v, v_r);
+        let fast = g.binary("stablehlo.and", wide, low_v);
+        // log(V alpha / (a / us² + b)) <= fixed + (count + 1) log((count - m + 1) / (count - k + 1))
+        //   + (k + 1/2) log(r (count - k + 1) / (k + 1)) - tail(k) - tail(count - k)
+        let us2 = g.binary("stablehlo.multiply", us, us);
+        let d = g.binary("stablehlo.divide", a, us2);
+        let d = g.binary("stablehlo.add", d, b);
+        let va = g.binary("stablehlo.multiply", v, alpha);
+        let lhs = g.binary("stablehlo.divide", va, d);
+        let lhs = g.unary("stablehlo.log", lhs);
+        let one = c(g, 1.0);
+        let count1 = g.binary("stablehlo.add", count, one);
+        let count_k = g.binary("stablehlo.subtract", count, kk);
+        let count_k1 = g.binary("stablehlo.add", count_k, one);
+        let t = g.binary("stablehlo.divide", left, count_k1);
+        let t = g.unary("stablehlo.log", t);
+        let t = g.binary("stablehlo.multiply", count1, t);
+        let rhs = g.binary("stablehlo.add", fixed, t);
+        let rest = g.binary("stablehlo.subtract", one, q);
+        let r = g.binary("stablehlo.divide", q, rest);
+        let k1 = g.binary("stablehlo.add", kk, one);
+        let t = g.binary("stablehlo.multiply", r, count_k1);
+        let t = g.binary("stablehlo.divide", t, k1);
+        let t = g.unary("stablehlo.log", t);
+        let h = c(g, 0.5);
+        let kh = g.binary("stablehlo.add", kk, h);
+        let t = g.binary("stablehlo.multiply", kh, t);
+        let rhs = g.binary("stablehlo.add", rhs, t);
+        let tail_k = stirling_tail(g, kk);
+        let tail_count_k = stirling_tail(g, count_k);
+        let rhs = g.binary("stablehlo.subtract", rhs, tail_k);
+        let rhs = g.binary("stablehlo.subtract", rhs, tail_count_k);
+        let slow = g.compare("LE", lhs, rhs);
+        let accept = g.binary("stablehlo.or", fast, slow);
+        let accept = g.binary("stablehlo.and", kept, accept);
+        let first = g.unary("stablehlo.not", found);
+        let take = g.binary("stablehlo.and", accept, first);
+        let sample = g.select(take, kk, sample);
+        let found = g.binary("stablehlo.or", found, accept);
+        vec![sample, found, u, count, q, a, b, center, v_r, alpha, fixed, left]
+    })[0];
+
+    let threshold = c(cx, BINOMIAL_SMALL);
+    let is_small = cx.g.compare("LT", mean, threshold);
+    let r = cx.g.select(is_small, small, large);
+    let mirrored = cx.g.binary("stablehlo.subtract", count, r);
+    let r = cx.g.select(upper, mirrored, r);
+    // CPU's edges: no trials or no chance, certainty, a NaN chance, and an
+    // infinite count (BTRS's first try gives CPU inf, or inf - inf counted
+    // down; a NaN count never ends CPU's loop).
+    let none = cx.g.compare("LE", count, zero);
+    let never = cx.g.compare("LE", prob, zero);
+    let none = cx.g.binary("stablehlo.or", none, never);
+    let always = cx.g.compare("GE", prob, one);
+    let nan = c(cx, f64::NAN);
+    let magnitude = cx.g.unary("stablehlo.abs", count);
+    let infinity = c(cx, f64::INFINITY);
+    let finite = cx.g.compare("LT", magnitude, infinity);
+    let unbounded = cx.g.select(upper, nan, count);
+    let r = cx.g.select(finite, r, unbounded);
+    let chance = cx.g.compare("EQ", prob, prob);
+    let r = cx.g.select(chance, r, nan);
+    let r = cx.g.select(always, count, r);
+    let r = cx.g.select(none, zero, r);
     let r = cx.g.convert(r, t.dtype);
     Ok(vec![cx.g.reshape(r, t.sizes)])
 }
