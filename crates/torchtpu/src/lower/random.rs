@@ -378,8 +378,8 @@ const BINOMIAL_SMALL: f64 = 10.0;
 const BINOMIAL_TERMS: i64 = 40;
 /// Tries of BTRS, in a counted loop: each accepted with probability above
 /// 0.7 (0.71 at the smallest mean, from a simulation of CPU's constants),
-/// all rejected below 1e-12.
-const BINOMIAL_TRIES: i64 = 24;
+/// all rejected below 1e-10 (as PTRS).
+const BINOMIAL_TRIES: i64 = 19;
 
 /// Stirling's approximation's tail of log k! for k >= 0 (CPU's table
 /// below 10, its series above).
@@ -409,14 +409,15 @@ fn stirling_tail(g: &mut Graph, k: V) -> V {
     let t = g.binary("stablehlo.divide", t, sq);
     let twelfth = c(g, 1.0 / 12.0);
     let t = g.binary("stablehlo.subtract", twelfth, t);
-    let mut r = g.binary("stablehlo.divide", t, k1);
-    for (i, v) in TABLE.iter().enumerate() {
-        let at = c(g, i as f64);
-        let here = g.compare("EQ", k, at);
-        let value = c(g, *v);
-        r = g.select(here, value, r);
-    }
-    r
+    let series = g.binary("stablehlo.divide", t, k1);
+    let (low, high) = (c(g, 0.0), c(g, 9.0));
+    let small = g.compare("LE", k, high);
+    let at = g.binary("stablehlo.maximum", k, low);
+    let at = g.binary("stablehlo.minimum", at, high);
+    let at = g.convert(at, DType::I32);
+    let table = g.constant(&TABLE, DType::F64);
+    let looked_up = g.take(table, at, 0);
+    g.select(small, looked_up, series)
 }
 
 /// `binomial(count, prob)`: a sample per element, in double as CPU's. With
