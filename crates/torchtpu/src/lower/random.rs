@@ -488,7 +488,6 @@ fn binomial(cx: &mut Cx) -> Result<Vec<V>> {
         cx.g.binary("stablehlo.add", x, b)
     };
     let mean = cx.g.binary("stablehlo.multiply", count, q);
-    let rest = cx.g.binary("stablehlo.subtract", one, q);
     let variance = cx.g.binary("stablehlo.multiply", mean, rest);
     let stddev = cx.g.unary("stablehlo.sqrt", variance);
     let b = linear(cx, stddev, 2.53, 1.15);
@@ -518,9 +517,9 @@ fn binomial(cx: &mut Cx) -> Result<Vec<V>> {
     let fixed = cx.g.binary("stablehlo.add", fixed, tail_count_m);
     let trips = cx.g.scalar(BINOMIAL_TRIES as f64, DType::I32);
     let no = cx.g.compare("NE", zero, zero);
-    let init = [zero, no, u, count, q, a, b, center, v_r, alpha, fixed, left];
+    let init = [zero, no, u, count, odds, a, b, center, v_r, alpha, fixed, left];
     let large = cx.g.counted_loop(trips, &init, |g, k, v| {
-        let (sample, found, u, count, q, a, b, center, v_r, alpha, fixed, left) =
+        let (sample, found, u, count, odds, a, b, center, v_r, alpha, fixed, left) =
             (v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7], v[8], v[9], v[10], v[11]);
         let c = |g: &mut Graph, x: f64| g.full(x, DType::F64, &shape);
         let two = g.scalar(2.0, DType::I32);
@@ -558,10 +557,8 @@ fn binomial(cx: &mut Cx) -> Result<Vec<V>> {
         let t = g.unary("stablehlo.log", t);
         let t = g.binary("stablehlo.multiply", count1, t);
         let rhs = g.binary("stablehlo.add", fixed, t);
-        let rest = g.binary("stablehlo.subtract", one, q);
-        let r = g.binary("stablehlo.divide", q, rest);
         let k1 = g.binary("stablehlo.add", kk, one);
-        let t = g.binary("stablehlo.multiply", r, count_k1);
+        let t = g.binary("stablehlo.multiply", odds, count_k1);
         let t = g.binary("stablehlo.divide", t, k1);
         let t = g.unary("stablehlo.log", t);
         let h = c(g, 0.5);
@@ -579,7 +576,7 @@ fn binomial(cx: &mut Cx) -> Result<Vec<V>> {
         let take = g.binary("stablehlo.and", accept, first);
         let sample = g.select(take, kk, sample);
         let found = g.binary("stablehlo.or", found, accept);
-        vec![sample, found, u, count, q, a, b, center, v_r, alpha, fixed, left]
+        vec![sample, found, u, count, odds, a, b, center, v_r, alpha, fixed, left]
     })[0];
 
     let threshold = c(cx, BINOMIAL_SMALL);
