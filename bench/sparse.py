@@ -18,10 +18,11 @@ warnings.filterwarnings("ignore", message="Sparse invariant checks")
 ROWS = int(sys.argv[1]) if len(sys.argv) > 1 else 200_000
 WIDTH, BAGS, PER_BAG, STEPS, ROUNDS = 64, 256, 20, 10, 5
 
+# name: the optimizer of the table's parameters, given whether its gradient is sparse
 OPTIMIZERS = {
-    "SGD": lambda p: torch.optim.SGD(p, lr=0.1),
-    "Adagrad": lambda p: torch.optim.Adagrad(p, lr=0.1),
-    "SparseAdam / Adam": None,
+    "SGD": lambda p, sparse: torch.optim.SGD(p, lr=0.1),
+    "Adagrad": lambda p, sparse: torch.optim.Adagrad(p, lr=0.1),
+    "SparseAdam / Adam": lambda p, sparse: (torch.optim.SparseAdam if sparse else torch.optim.Adam)(p, lr=1e-3),
 }
 
 
@@ -29,10 +30,7 @@ def make(device, optimizer, sparse):
     torch.manual_seed(0)
     emb = torch.nn.EmbeddingBag(ROWS, WIDTH, mode="sum", sparse=sparse).to(device)
     head = torch.nn.Linear(WIDTH, 1).to(device)
-    if optimizer == "SparseAdam / Adam":
-        opt = (torch.optim.SparseAdam if sparse else torch.optim.Adam)(emb.parameters(), lr=1e-3)
-    else:
-        opt = OPTIMIZERS[optimizer](emb.parameters())
+    opt = OPTIMIZERS[optimizer](emb.parameters(), sparse)
     head_opt = torch.optim.SGD(head.parameters(), lr=0.1)
     generator = torch.Generator().manual_seed(1)
     batches = [

@@ -238,9 +238,10 @@ const POISSON_TERMS: i64 = 40;
 const POISSON_TRIES: i64 = 12;
 
 /// Hörmann's transformed rejection (PTRS, BTRS) from a uniform u in [0, 1):
-/// with U = u - 1/2, us = 1/2 - |U| and (2 a / us + b) U, to which a
-/// sampler adds its center before the floor.
-fn transformed_proposal(g: &mut Graph, u: V, a: V, b: V) -> (V, V) {
+/// with U = u - 1/2 and us = 1/2 - |U|, returns us, (2 a / us + b) U (to
+/// which a sampler adds its center before the floor) and the hat's
+/// a / us² + b (its acceptance bound's denominator).
+fn transformed_proposal(g: &mut Graph, u: V, a: V, b: V) -> (V, V, V) {
     let shape = g.ty(u).shape.clone();
     let h = g.full(0.5, DType::F64, &shape);
     let uu = g.binary("stablehlo.subtract", u, h);
@@ -251,7 +252,10 @@ fn transformed_proposal(g: &mut Graph, u: V, a: V, b: V) -> (V, V) {
     let slope = g.binary("stablehlo.divide", two_a, us);
     let slope = g.binary("stablehlo.add", slope, b);
     let x = g.binary("stablehlo.multiply", slope, uu);
-    (us, x)
+    let us2 = g.binary("stablehlo.multiply", us, us);
+    let hat = g.binary("stablehlo.divide", a, us2);
+    let hat = g.binary("stablehlo.add", hat, b);
+    (us, x, hat)
 }
 
 /// `poisson(rates)`: a Poisson sample per element, in double as CPU's.
@@ -325,7 +329,7 @@ fn poisson(cx: &mut Cx) -> Result<Vec<V>> {
         let v = row(cx, 2 * k + 1);
         let v = linear(cx, v, -1.0, 1.0);
         // k = floor((2 a / us + b) U + rate + 0.43)
-        let (us, x) = transformed_proposal(&mut cx.g, uu, a, b);
+        let (us, x, hat) = transformed_proposal(&mut cx.g, uu, a, b);
         let x = cx.g.binary("stablehlo.add", x, rate);
         let x = linear(cx, x, 1.0, 0.43);
         let kk = cx.g.unary("stablehlo.floor", x);
@@ -341,10 +345,7 @@ fn poisson(cx: &mut Cx) -> Result<Vec<V>> {
         let rejected = cx.g.binary("stablehlo.or", negative, squeezed);
         // log V + log invalpha - log(a / us² + b) <= -rate + k log rate - lgamma(k + 1)
         let log_v = cx.g.unary("stablehlo.log", v);
-        let us2 = cx.g.binary("stablehlo.multiply", us, us);
-        let q = cx.g.binary("stablehlo.divide", a, us2);
-        let q = cx.g.binary("stablehlo.add", q, b);
-        let log_q = cx.g.unary("stablehlo.log", q);
+        let log_q = cx.g.unary("stablehlo.log", hat);
         let left = cx.g.binary("stablehlo.add", log_v, log_invalpha);
         let left = cx.g.binary("stablehlo.subtract", left, log_q);
         let k1 = linear(cx, kk, 1.0, 1.0);
@@ -529,7 +530,7 @@ fn binomial(cx: &mut Cx) -> Result<Vec<V>> {
         let uu = g.slice(pair, &[0, 0], &[1, n], &[1, 1]);
         let v = g.slice(pair, &[1, 0], &[2, n], &[1, 1]);
         // k = floor((2 a / us + b) U + c)
-        let (us, x) = transformed_proposal(g, uu, a, b);
+        let (us, x, hat) = transformed_proposal(g, uu, a, b);
         let x = g.binary("stablehlo.add", x, center);
         let kk = g.unary("stablehlo.floor", x);
         let zero = c(g, 0.0);
@@ -543,11 +544,8 @@ fn binomial(cx: &mut Cx) -> Result<Vec<V>> {
         let fast = g.binary("stablehlo.and", wide, low_v);
         // log(V alpha / (a / us² + b)) <= fixed + (count + 1) log((count - m + 1) / (count - k + 1))
         //   + (k + 1/2) log(r (count - k + 1) / (k + 1)) - tail(k) - tail(count - k)
-        let us2 = g.binary("stablehlo.multiply", us, us);
-        let d = g.binary("stablehlo.divide", a, us2);
-        let d = g.binary("stablehlo.add", d, b);
         let va = g.binary("stablehlo.multiply", v, alpha);
-        let lhs = g.binary("stablehlo.divide", va, d);
+        let lhs = g.binary("stablehlo.divide", va, hat);
         let lhs = g.unary("stablehlo.log", lhs);
         let one = c(g, 1.0);
         let count1 = g.binary("stablehlo.add", count, one);
