@@ -39,6 +39,14 @@ impl Event {
         unsafe { call!(self.api, PJRT_Event_IsReady, &mut args) }?;
         Ok(args.is_ready)
     }
+
+    /// The error a fired event carries, if any (call only once it is ready).
+    pub fn error(&self) -> Result<()> {
+        let mut args = sys::PJRT_Event_Error_Args::zeroed();
+        args.event = self.raw.as_ptr();
+        // SAFETY: the event is live.
+        unsafe { call!(self.api, PJRT_Event_Error, &mut args) }
+    }
 }
 
 type Callback = Box<dyn FnOnce(Result<()>) + Send>;

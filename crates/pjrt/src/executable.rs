@@ -65,8 +65,23 @@ impl LoadedExecutable {
     /// their index is in `non_donatable`. Passing the same buffer twice to donated
     /// parameters is an error: mark the duplicates non-donatable.
     pub fn execute(&self, args: &[&Buffer], device: Device<'_>, non_donatable: &[i64]) -> Result<Vec<Buffer>> {
+        let mut outputs = Vec::with_capacity(self.num_outputs);
+        self.execute_into(args.iter().copied(), device, non_donatable, &mut outputs)?;
+        Ok(outputs)
+    }
+
+    /// [`execute`](Self::execute) that appends the outputs to `outputs`, for a
+    /// caller that runs programs per op and keeps its lists between calls.
+    pub fn execute_into<'a>(
+        &self,
+        args: impl ExactSizeIterator<Item = &'a Buffer>,
+        device: Device<'_>,
+        non_donatable: &[i64],
+        outputs: &mut Vec<Buffer>,
+    ) -> Result<()> {
         let execute_device = self.launch_device(device)?;
-        self.launch(&[args], execute_device, non_donatable)
+        let count = args.len();
+        self.launch(args, count, 1, execute_device, non_donatable, outputs)
     }
 
     /// Runs a replicated program (see
@@ -85,29 +100,42 @@ impl LoadedExecutable {
         if args.iter().any(|a| a.len() != per_device) {
             return Err(Error::invalid_argument("every replica takes the same number of arguments"));
         }
-        let lists: Vec<&[&Buffer]> = args.iter().map(Vec::as_slice).collect();
         let all: Vec<i64> = (0..per_device as i64).collect();
-        let mut outputs = self.launch(&lists, ptr::null_mut(), &all)?.into_iter();
+        let mut outputs = Vec::new();
+        let flat = args.iter().flatten().copied();
+        self.launch(flat, args.len() * per_device, args.len(), ptr::null_mut(), &all, &mut outputs)?;
+        let mut outputs = outputs.into_iter();
         Ok((0..args.len()).map(|_| outputs.by_ref().take(self.num_outputs).collect()).collect())
     }
 
-    /// One execute call: `args[i]` on the i-th device (or on `execute_device`);
-    /// returns the devices' outputs one device after the other. The argument
-    /// and output arrays are flat, one allocation each, as this runs per op.
-    fn launch(
+    /// One execute call: `count` arguments, `count / devices` for each device
+    /// in turn (or for `execute_device`); appends the devices' outputs one
+    /// device after the other. Its pointer arrays are on the stack where short,
+    /// as this runs per op.
+    fn launch<'a>(
         &self,
-        args: &[&[&Buffer]],
+        args: impl Iterator<Item = &'a Buffer>,
+        count: usize,
+        devices: usize,
         execute_device: *mut sys::PJRT_Device,
         non_donatable: &[i64],
-    ) -> Result<Vec<Buffer>> {
-        if let Some(i) = args.iter().flat_map(|a| a.iter()).position(|b| !Arc::ptr_eq(b.client(), &self.client)) {
-            return Err(Error::invalid_argument(format!("argument {i} belongs to another client")));
+        outputs: &mut Vec<Buffer>,
+    ) -> Result<()> {
+        let per_device = count / devices;
+        let mut inputs = Slots::new(count, ptr::null_mut());
+        for (i, (slot, b)) in inputs.iter_mut().zip(args).enumerate() {
+            if !Arc::ptr_eq(b.client(), &self.client) {
+                return Err(Error::invalid_argument(format!("argument {i} belongs to another client")));
+            }
+            *slot = b.raw();
         }
-        let (devices, per_device) = (args.len(), args.first().map_or(0, |a| a.len()));
-        let inputs: Vec<*mut sys::PJRT_Buffer> = args.iter().flat_map(|a| a.iter().map(|b| b.raw())).collect();
-        let mut outputs = vec![ptr::null_mut::<sys::PJRT_Buffer>(); devices * self.num_outputs];
-        let input_lists: Vec<_> = (0..devices).map(|d| inputs[d * per_device..].as_ptr()).collect();
-        let output_lists: Vec<_> = (0..devices).map(|d| outputs[d * self.num_outputs..].as_mut_ptr()).collect();
+        let mut raw = Slots::new(devices * self.num_outputs, ptr::null_mut());
+        let mut input_lists = Slots::new(devices, ptr::null());
+        let mut output_lists = Slots::new(devices, ptr::null_mut());
+        for d in 0..devices {
+            input_lists[d] = inputs[d * per_device..].as_ptr();
+            output_lists[d] = raw[d * self.num_outputs..].as_mut_ptr();
+        }
 
         let mut options = sys::PJRT_ExecuteOptions::zeroed();
         options.non_donatable_input_indices = non_donatable.as_ptr();
@@ -123,7 +151,11 @@ impl LoadedExecutable {
         // SAFETY: all pointers refer to locals that outlive the call; each output
         // list has room for `num_outputs` buffers.
         unsafe { call!(self.client.api, PJRT_LoadedExecutable_Execute, &mut exec) }?;
-        outputs.into_iter().map(|raw| Buffer::from_raw(self.client.clone(), raw)).collect()
+        outputs.reserve(raw.len());
+        for &b in raw.iter() {
+            outputs.push(Buffer::from_raw(self.client.clone(), b)?);
+        }
+        Ok(())
     }
 
     /// The `execute_device` to pass: none for the device the program was compiled for
@@ -166,6 +198,41 @@ impl LoadedExecutable {
         unsafe {
             call!(self.client.api, PJRT_Executable_Fingerprint, &mut args)?;
             Ok(ffi::slice(args.executable_fingerprint.cast::<u8>(), args.executable_fingerprint_size).to_vec())
+        }
+    }
+}
+
+/// A short array on the stack, a longer one on the heap.
+struct Slots<T: Copy> {
+    inline: [T; 8],
+    heap: Vec<T>,
+    len: usize,
+}
+
+impl<T: Copy> Slots<T> {
+    fn new(len: usize, fill: T) -> Slots<T> {
+        let heap = if len > 8 { vec![fill; len] } else { Vec::new() };
+        Slots { inline: [fill; 8], heap, len }
+    }
+}
+
+impl<T: Copy> std::ops::Deref for Slots<T> {
+    type Target = [T];
+    fn deref(&self) -> &[T] {
+        if self.len > 8 {
+            &self.heap
+        } else {
+            &self.inline[..self.len]
+        }
+    }
+}
+
+impl<T: Copy> std::ops::DerefMut for Slots<T> {
+    fn deref_mut(&mut self) -> &mut [T] {
+        if self.len > 8 {
+            &mut self.heap
+        } else {
+            &mut self.inline[..self.len]
         }
     }
 }

@@ -44,6 +44,7 @@ impl_args! {
     PJRT_Event_Destroy_Args => PJRT_Event_Destroy_Args_STRUCT_SIZE,
     PJRT_Event_IsReady_Args => PJRT_Event_IsReady_Args_STRUCT_SIZE,
     PJRT_Event_Await_Args => PJRT_Event_Await_Args_STRUCT_SIZE,
+    PJRT_Event_Error_Args => PJRT_Event_Error_Args_STRUCT_SIZE,
     PJRT_Event_OnReady_Args => PJRT_Event_OnReady_Args_STRUCT_SIZE,
     PJRT_Client_Create_Args => PJRT_Client_Create_Args_STRUCT_SIZE,
     PJRT_Client_Destroy_Args => PJRT_Client_Destroy_Args_STRUCT_SIZE,

@@ -456,7 +456,11 @@ fn measure(op: &OpDef, measure: lower::Lowering, args: &[Arg], device: usize) ->
         return Ok(Vec::new());
     }
     trace::flush(Reason::DataDependent)?;
-    let out = execute(&plan, &op.name, args, device)?.remove(0);
+    let mut outs = Vec::with_capacity(1);
+    execute(&plan, &op.name, args, device, &mut outs)?;
+    let Some(Value::Ready(out)) = outs.into_iter().next() else {
+        unreachable!("an executed program's outputs are ready")
+    };
     let mut bytes = vec![0u8; out.ty.numel() as usize * 8];
     out.to_host(&mut bytes)?;
     bump(&METRICS.transfers_to_host);
@@ -679,10 +683,21 @@ pub fn read_bool(b: &DeviceBuffer) -> Result<bool> {
     Ok(byte[0] != 0)
 }
 
-fn execute(plan: &Plan, what: &str, args: &[Arg], device: usize) -> Result<Vec<Arc<DeviceBuffer>>> {
+thread_local! {
+    /// `execute`'s buffers (the inputs, then the outputs) and the plugin's
+    /// outputs, kept (empty) between calls so that running an op allocates
+    /// no list.
+    static HELD: std::cell::Cell<Vec<Arc<DeviceBuffer>>> = const { std::cell::Cell::new(Vec::new()) };
+    static RAW: std::cell::Cell<Vec<pjrt::Buffer>> = const { std::cell::Cell::new(Vec::new()) };
+}
+
+/// Runs a plan's program alone; its results' values go to `out`.
+fn execute(plan: &Plan, what: &str, args: &[Arg], device: usize, out: &mut Vec<Value>) -> Result<()> {
     let rt = runtime::get()?;
-    let mut held: Vec<Arc<DeviceBuffer>> =
-        plan.inputs.iter().map(|i| input_as_computed(plan, i, args, device)).collect::<Result<_>>()?;
+    let mut held = HELD.take();
+    for i in &plan.inputs {
+        held.push(input_as_computed(plan, i, args, device)?);
+    }
     let (program, bucket) = plan.alone(&held)?;
     for (k, buf) in held.iter_mut().enumerate() {
         match &bucket {
@@ -697,35 +712,41 @@ fn execute(plan: &Plan, what: &str, args: &[Arg], device: usize) -> Result<Vec<A
         }
         bump(&METRICS.bucketed_runs);
     }
-    let refs: Vec<&pjrt::Buffer> = held.iter().map(|b| &*b.buf).collect();
+    let mut raw = RAW.take();
     let start = Instant::now();
-    let raw = program.exe.execute(&refs, rt.device(device)?, &[]).map_err(|e| launch_error(e, what, device))?;
+    program
+        .exe
+        .execute_into(held.iter().map(|b| &*b.buf), rt.device(device)?, &[], &mut raw)
+        .map_err(|e| launch_error(e, what, device))?;
     add(&METRICS.execute_ns, start.elapsed().as_nanos() as u64);
     bump(&METRICS.executions);
-    let mut outs: Vec<Arc<DeviceBuffer>> = Vec::with_capacity(raw.len());
-    for (i, buf) in raw.into_iter().enumerate() {
-        let ty = plan.outputs.get(i).map_or(Ty::new(DType::Bool, &[]), Ty::flat);
+    held.clear();
+    for (i, buf) in raw.drain(..).enumerate() {
+        let ty = plan.stored.get(i).map_or_else(|| Arc::new(Ty::new(DType::Bool, &[])), Arc::clone);
         let padded = bucket.as_ref().and_then(|b| b.padded[i].clone());
-        outs.push(DeviceBuffer::with_shape(buf, ty, padded, device));
+        held.push(DeviceBuffer::with_shape(buf, ty, padded, device));
     }
+    RAW.set(raw);
     for check in &plan.checks {
-        if read_bool(&outs[check.flag])? {
-            let message = check_message(&check.message, check.value.map(|v| &*outs[v]))?;
+        if read_bool(&held[check.flag])? {
+            let message = check_message(&check.message, check.value.map(|v| &*held[v]))?;
             return Err(Error { kind: check.kind, message });
         }
     }
-    outs.truncate(plan.outputs.len());
+    held.truncate(plan.outputs.len());
     if mode() == Mode::Debug {
-        for b in &outs {
+        for b in &held {
             b.buf.await_ready().map_err(|e| launch_error(e, what, device))?;
         }
         if std::env::var("TORCHTPU_DEBUG_NANS").is_ok_and(|v| v == "1") {
-            check_finite(&outs, what, device)?;
+            check_finite(&held, what, device)?;
         }
     } else {
-        event::track(&outs)?;
+        event::track(&held)?;
     }
-    Ok(outs)
+    out.extend(held.drain(..).map(Value::Ready));
+    HELD.set(held);
+    Ok(())
 }
 
 /// PJRT's error launching `what`, with what the user can do about it.
@@ -791,8 +812,7 @@ pub fn apply(plan: &Arc<Plan>, what: &str, args: &[Arg], device: usize, out: &mu
     if mode() == Mode::Fused || trace::capturing() {
         return trace::record(plan, args, device, out);
     }
-    out.extend(execute(plan, what, args, device)?.into_iter().map(Value::Ready));
-    Ok(())
+    execute(plan, what, args, device, out)
 }
 
 /// [`apply`] for a plan of one result.
@@ -930,7 +950,7 @@ pub fn resized(old: &Storage, nbytes: i64) -> Result<Arc<Storage>> {
     let dtype = if nbytes % value.ty.dtype.size() as i64 == 0 { value.ty.dtype } else { DType::U8 };
     let (have, want) = (old.nbytes / dtype.size() as i64, nbytes / dtype.size() as i64);
     let mut g = crate::ir::Graph::default();
-    let p = g.param(value.ty.clone());
+    let p = g.param((*value.ty).clone());
     let flat = crate::ir::view::flat(&mut g, p, dtype);
     let kept = g.slice(flat, &[0], &[have.min(want)], &[1]);
     let zero = g.scalar(0.0, dtype);

@@ -743,7 +743,7 @@ fn donors(
         .collect();
     let param_of: FxMap<usize, usize> =
         donatable.iter().map(|&k| (Arc::as_ptr(trace.buffer(params[k])) as usize, k)).collect();
-    let ty = |k: usize| &trace.buffer(params[k]).ty;
+    let ty = |k: usize| &*trace.buffer(params[k]).ty;
     for (p, source) in live.iter().zip(sources) {
         let replaced = p.replaces.get().and_then(|r| match *r {
             Replaced::Buffer(addr) => Some(addr),

@@ -22,22 +22,37 @@ static NEXT_ADDR: AtomicU64 = AtomicU64::new(1 << 44);
 /// A device buffer together with the IR type of its contents.
 pub struct DeviceBuffer {
     pub buf: ManuallyDrop<pjrt::Buffer>,
-    pub ty: Ty,
+    /// Shared with the plan that computed it: an op's result allocates no shape.
+    pub ty: Arc<Ty>,
     /// The buffer's shape where it is larger than `ty`'s: the output of a
     /// program compiled for a bucket (`exec/bounded.rs`), whose contents are the
     /// box `ty.shape` at its origin; the rest is padding nobody reads.
     pub padded: Option<Vec<i64>>,
     pub device: usize,
+    /// Known to be computed (its program had finished when it was tracked):
+    /// freeing it asks the plugin nothing.
+    computed: AtomicBool,
 }
 
 impl DeviceBuffer {
-    pub fn new(buf: pjrt::Buffer, ty: Ty, device: usize) -> Arc<DeviceBuffer> {
+    pub fn new(buf: pjrt::Buffer, ty: impl Into<Arc<Ty>>, device: usize) -> Arc<DeviceBuffer> {
         DeviceBuffer::with_shape(buf, ty, None, device)
     }
 
-    pub fn with_shape(buf: pjrt::Buffer, ty: Ty, padded: Option<Vec<i64>>, device: usize) -> Arc<DeviceBuffer> {
+    pub fn with_shape(
+        buf: pjrt::Buffer,
+        ty: impl Into<Arc<Ty>>,
+        padded: Option<Vec<i64>>,
+        device: usize,
+    ) -> Arc<DeviceBuffer> {
         LIVE_BUFFERS.fetch_add(1, Ordering::Relaxed);
-        let buffer = DeviceBuffer { buf: ManuallyDrop::new(buf), ty, padded, device };
+        let buffer = DeviceBuffer {
+            buf: ManuallyDrop::new(buf),
+            ty: ty.into(),
+            padded,
+            device,
+            computed: AtomicBool::new(false),
+        };
         memory::allocated(device, buffer.bytes());
         Arc::new(buffer)
     }
@@ -51,6 +66,10 @@ impl DeviceBuffer {
     /// from its type without asking the plugin on every op.
     fn bytes(&self) -> i64 {
         self.shape().iter().product::<i64>() * self.ty.dtype.size() as i64
+    }
+
+    pub fn set_computed(&self) {
+        self.computed.store(true, Ordering::Relaxed);
     }
 
     /// Copies the buffer's bytes into `out`. A plugin that allocates as the
@@ -84,14 +103,14 @@ const FREE_DELAY: Duration = Duration::from_millis(2);
 /// freeing thread, which otherwise meets the main thread's allocations on
 /// glibc's arena lock (strict `a + b`: 6.7 -> 5.8 µs; bench/RESULTS.md,
 /// 2026-11-27). Other plugins keep the thread for every buffer.
-fn frees_computed_at_once(buf: &pjrt::Buffer) -> bool {
+fn frees_computed_at_once(buf: &pjrt::Buffer, computed: bool) -> bool {
     static ON_CPU: OnceLock<bool> = OnceLock::new();
     *ON_CPU.get_or_init(|| super::get().is_ok_and(|rt| rt.client.platform_name() == "cpu"))
-        && buf.ready_event().and_then(|e| e.is_ready()).unwrap_or(false)
+        && (computed || buf.ready_event().and_then(|e| e.is_ready()).unwrap_or(false))
 }
 
-fn free(buf: pjrt::Buffer, bytes: i64) {
-    if frees_computed_at_once(&buf) {
+fn free(buf: pjrt::Buffer, bytes: i64, computed: bool) {
+    if frees_computed_at_once(&buf, computed) {
         return drop(buf);
     }
     static THREAD: OnceLock<()> = OnceLock::new();
@@ -126,7 +145,7 @@ impl Drop for DeviceBuffer {
         LIVE_BUFFERS.fetch_sub(1, Ordering::Relaxed);
         memory::freed(self.device, self.bytes());
         // SAFETY: `buf` is not used after this.
-        free(unsafe { ManuallyDrop::take(&mut self.buf) }, self.bytes());
+        free(unsafe { ManuallyDrop::take(&mut self.buf) }, self.bytes(), *self.computed.get_mut());
     }
 }
 
