@@ -77,6 +77,9 @@ fn parameters(text: &str) -> Vec<(ElementType, Vec<i64>)> {
                 "bf16" => ElementType::BF16,
                 "i64" => ElementType::S64,
                 "i32" => ElementType::S32,
+                "ui64" => ElementType::U64,
+                "ui32" => ElementType::U32,
+                "ui8" => ElementType::U8,
                 "i1" => ElementType::Pred,
                 other => panic!("a parameter of type {other}"),
             };
