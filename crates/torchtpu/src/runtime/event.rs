@@ -2,9 +2,10 @@
 //! semantics (`torch.Event`, `torch.tpu.Event`). Every tpu stream maps onto
 //! that queue, so an event stands for all the work issued before it was
 //! recorded: recording watches every computation issued since the last
-//! synchronize (whether or not its outputs are still alive; the boundary
-//! first issues what fused mode has recorded); the event completes when the
-//! last one is done, and the time it did is kept for `elapsed_time`.
+//! synchronize and not yet done when its execute call returned (whether or
+//! not its outputs are still alive; the boundary first issues what fused
+//! mode has recorded); the event completes when the last one is done, and
+//! the time it did is kept for `elapsed_time`.
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
