@@ -91,6 +91,23 @@ def test_fresh_weights_are_never_stale(mode):
         torch.testing.assert_close(lhs_tpu.mm(w.to("tpu")).cpu(), lhs @ w, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_a_product_by_a_broadcast_scalar_summed_is_right(dtype, mode):
+    """A batched product by a broadcast scalar, multiplied and summed (the
+    backward of a sum through a product has this form): XLA:CPU's YNNPACK
+    fusions of it returned 1e200s or NaN, eagerly and compiled."""
+    g = torch.Generator().manual_seed(0)
+    a = torch.randn(5, 60, 60, generator=g, dtype=dtype)
+    e = a @ a.mT
+
+    def f(e):
+        return ((e @ torch.full_like(e, 0.37)) * e).sum(-1), torch.einsum("bij,bjk,bik->bi", e, torch.full_like(e, 0.37), e)
+
+    tol = 1e-5 if dtype == torch.float32 else 1e-12  # of the largest value
+    for got, want in zip(f(e.to("tpu")) + torch.compile(f, backend="tpu")(e.to("tpu")), f(e) * 2):
+        torch.testing.assert_close(got.cpu(), want, rtol=0, atol=tol * want.abs().max().item())
+
+
 @pytest.mark.parametrize("name, options", [
     ("SGD", dict(lr=0.1)),
     ("SGD", dict(lr=0.1, momentum=0.9, nesterov=True, weight_decay=1e-4)),

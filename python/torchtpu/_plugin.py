@@ -6,6 +6,7 @@ jax-cuda12-pjrt, on an NVIDIA GPU machine), otherwise XLA's own CPU plugin
 (built from the XLA of jaxlib 0.11.2, packaged as lammps-jax-pjrt-cpu).
 """
 import importlib.util
+import mmap
 import os
 import warnings
 
@@ -103,11 +104,37 @@ def configure_plugin():
     # at every start); warnings and errors still show.
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
     if is_cpu:
-        # XLA:CPU's XNNPACK dot packs a right-hand side that is a program
-        # parameter once and reuses the packed copy while the buffer's address
-        # is unchanged. Per-op programs get a fresh buffer per call, often at a
-        # freed buffer's address, and would multiply by stale weights.
-        flags = os.environ.get("XLA_FLAGS", "")
-        if "xla_cpu_use_xnnpack" not in flags:
-            os.environ["XLA_FLAGS"] = (flags + " --xla_cpu_use_xnnpack=false").strip()
+        _avoid_cpu_miscompilations(path)
     _C.configure(path, client_options(path, is_cpu))
+
+
+# XLA:CPU settings that keep its library fusions from computing wrong numbers,
+# set in XLA_FLAGS unless the user set them (the plugin reads them once, and
+# the compilation cache keys on them):
+# - XNNPACK's dot packs a right-hand side that is a program parameter once and
+#   reuses the packed copy while the buffer's address is unchanged. Per-op
+#   programs get a fresh buffer per call, often at a freed buffer's address,
+#   and would multiply by stale weights.
+# - YNNPACK's fusions of a product, a multiply or a sum with the ops around
+#   them (the XLA of jaxlib 0.11.2) return wrong numbers, NaN or 1e200s, for a
+#   batched product by a broadcast scalar multiplied and summed, as
+#   `((E @ torch.full_like(E, c)) * E).sum(-1)` or an einsum of that form; the
+#   products and convolutions alone still run in YNNPACK (bench/RESULTS.md,
+#   2026-11-30).
+_CPU_FLAGS = {
+    "xla_cpu_use_xnnpack": "false",
+    "xla_cpu_experimental_ynn_fusion_type": "individual_dot,individual_convolution",
+}
+
+
+def _avoid_cpu_miscompilations(path):
+    flags = os.environ.get("XLA_FLAGS", "")
+    # A flag the plugin's XLA does not know aborts the process at its first
+    # compilation, so each is set only where the plugin names it.
+    try:
+        with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as plugin:
+            extra = [f"--{flag}={value}" for flag, value in _CPU_FLAGS.items()
+                     if flag not in flags and plugin.find(flag.encode()) >= 0]
+    except (OSError, ValueError):
+        return  # loading it will say what is wrong with the file
+    os.environ["XLA_FLAGS"] = " ".join([flags, *extra]).strip()
