@@ -473,10 +473,12 @@ def test_a_detection_model_trains_with_cpus_losses_and_settles(tmp_path):
     step. Its samplers take every box, so which boxes a step trains on does
     not depend on the random stream. From step 4
     the model is chaotic: CPU itself, its weights scaled by 1 + 1e-7 noise,
-    drifts 2e-4 from its own losses at step 4 and 1% at step 6, as tpu does.
+    drifts from its own losses by up to 7e-3 at step 4, 1.1% at step 6 and
+    2.2% at steps 7 and 9 (four draws of the noise, 2026-11-30), as tpu does.
     XLA's rounding is not CPU's: on a 2-core Xeon (AVX-512) tpu is already 2e-4
     off at step 3, where an AMD EPYC stayed within 2e-5. So the first two steps
-    are held to float rounding, the third to 1e-3, the rest to 2%. Where
+    are held to float rounding, the third to 1e-3, the next two to 2%, the
+    rest to 5%. Where
     the chaos takes a count across a bucket's edge (257-264 proposals), that
     bucket compiles once, at a step that depends on the machine's rounding
     (steps 5 and 7 on a 2-core Xeon, step 8 on an AMD EPYC); most steps
@@ -492,6 +494,6 @@ def test_a_detection_model_trains_with_cpus_losses_and_settles(tmp_path):
     late = list(zip(tpu["compilations"], tpu["new buckets"]))[3:]
     assert all(compiled <= bucketed for compiled, bucketed in late), tpu
     assert sum(compiled == 0 for compiled, _ in late) >= 3 and sum(c for c, _ in late) <= 6, tpu
-    tolerances = [2e-5, 2e-5, 1e-3] + [0.02] * 6
+    tolerances = [2e-5, 2e-5, 1e-3, 0.02, 0.02] + [0.05] * 4
     for step, (got, want, tolerance) in enumerate(zip(tpu["losses"], cpu["losses"], tolerances)):
         assert abs(got - want) <= tolerance * want, (step, tpu["losses"], cpu["losses"])

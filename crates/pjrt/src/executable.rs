@@ -121,7 +121,7 @@ impl LoadedExecutable {
         non_donatable: &[i64],
         outputs: &mut Vec<Buffer>,
     ) -> Result<()> {
-        let per_device = count / devices;
+        let per_device = count.checked_div(devices).unwrap_or(0);
         let mut inputs = Slots::new(count, ptr::null_mut());
         for (i, (slot, b)) in inputs.iter_mut().zip(args).enumerate() {
             if !Arc::ptr_eq(b.client(), &self.client) {

@@ -25,7 +25,11 @@
 #include <ATen/native/SparseTensorUtils.h>
 #include <ATen/ops/_embedding_bag_backward_native.h>
 #include <ATen/ops/_to_sparse_native.h>
+#include <torch/csrc/distributed/c10d/Work.hpp>
 #include <torch/library.h>
+
+#include <utility>
+#include <vector>
 
 namespace torchtpu {
 namespace {
@@ -209,6 +213,48 @@ bool addmm_inplace(torch::jit::Stack* stack) {
   return returns(stack, 5, self);
 }
 
+// A c10d collective of sparse tensors (DDP's all-reduce of sparse
+// gradients) runs in gloo on CPU copies, counted. Its Work finishes, and
+// writes the copies, on gloo's thread: the results are copied back once it
+// has, where the fallback would copy them back when the call returns and
+// read copies half written (indices of one nnz, values of another).
+void collective_on_cpu(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  check(tt_fallback(c10::toString(op.operator_name()).c_str()));
+  std::vector<std::pair<at::Tensor, at::Tensor>> moved;  // (tpu tensor, its CPU copy)
+  auto to_cpu = [&](const at::Tensor& t) {
+    if (!t.defined() || !t.is_privateuseone()) return t;
+    moved.emplace_back(t, t.cpu());
+    return moved.back().second;
+  };
+  // The tensors among the last `n` values of the stack, mapped by `f`.
+  auto map_last = [&](size_t n, auto f) {
+    for (size_t i = stack->size() - n; i < stack->size(); ++i) {
+      auto& v = (*stack)[i];
+      if (v.isTensor()) {
+        v = f(v.toTensor());
+      } else if (v.isTensorList()) {
+        std::vector<at::Tensor> list;
+        for (const at::Tensor& t : v.toTensorVector()) list.push_back(f(t));
+        v = c10::IValue(list);
+      }
+    }
+  };
+  map_last(op.schema().arguments().size(), to_cpu);
+  op.callBoxed(stack);
+  auto on_tpu = [&](const at::Tensor& t) {
+    for (const auto& [tpu, cpu] : moved) {
+      if (t.is_same(cpu)) return tpu;
+    }
+    return t;
+  };
+  const size_t returns = op.schema().returns().size();
+  for (const auto& r : torch::jit::last(*stack, returns)) {
+    if (r.isCustomClass()) r.toCustomClass<c10d::Work>()->wait();
+  }
+  for (const auto& [tpu, cpu] : moved) tpu.copy_(cpu);
+  map_last(returns, on_tpu);
+}
+
 // The fallback's copy back into a sparse argument it mutated.
 at::Tensor copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst) { return dst.copy_(self); }
 
@@ -239,6 +285,10 @@ TORCH_LIBRARY_IMPL(aten, SparsePrivateUse1, m) {
            "nan_to_num", "nan_to_num_", "nan_to_num.out"}) {
     m.impl(name, torch::CppFunction::makeFromBoxedFunction<&generic<SparseCPU>>());
   }
+}
+
+TORCH_LIBRARY_IMPL(c10d, SparsePrivateUse1, m) {
+  m.impl("allreduce_", torch::CppFunction::makeFromBoxedFunction<&torchtpu::collective_on_cpu>());
 }
 
 TORCH_LIBRARY_IMPL(_, SparsePrivateUse1, m) {
